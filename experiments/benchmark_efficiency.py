@@ -10,16 +10,13 @@ run killed and started again) reuses them.
 """
 
 import dataclasses
-import json
 import logging
-import os
 
 from absl import flags
 
 from jaxloc import cli
 from jaxloc.bench import efficiency
 from jaxloc.errors import UserError
-from jaxloc.localize.measurements import write_json
 
 flags.DEFINE_list("tasks", ["plurals", "arithmetic_1d_4shot"], "Tasks to benchmark (real mode).")
 flags.DEFINE_integer("num_samples", 100, "Documents per task (seeded subset).", lower_bound=2)
@@ -38,6 +35,8 @@ flags.DEFINE_bool("synthetic", False, "Run on simulated responses instead of a m
 flags.DEFINE_integer("synthetic_planted", 10, "Synthetic mode: heads with a large effect.", lower_bound=1)
 flags.DEFINE_float("synthetic_interaction_scale", 0.5, "Synthetic mode: sd of pairwise interactions (logits).",
                    lower_bound=0.0)
+flags.DEFINE_list("from_json", [], "Render the tables and plots of these saved efficiency.json files together "
+                  "(e.g. one per task, each run with its own budgets) instead of running anything.")
 flags.DEFINE_string("output_dir", None, "Where the outputs and the measurement cache go.", required=True)
 cli.define_model_flags()
 FLAGS = flags.FLAGS
@@ -52,6 +51,10 @@ def _numbers(values, kind, name):
 
 def main(argv):
   del argv
+  if FLAGS.from_json:
+    report = efficiency.combine_reports(FLAGS.from_json)
+    print(efficiency.write_outputs(report, FLAGS.output_dir, FLAGS.top_k))
+    return
   cfg = efficiency.EfficiencyConfig(
       output_dir=FLAGS.output_dir, model=FLAGS.model, tasks=FLAGS.tasks, num_samples=FLAGS.num_samples,
       sample_seed=FLAGS.sample_seed, methods=FLAGS.methods or efficiency.default_methods(FLAGS.synthetic),
@@ -60,15 +63,7 @@ def main(argv):
       noise_floor=FLAGS.noise_floor, gradient=FLAGS.gradient, synthetic_planted=FLAGS.synthetic_planted,
       synthetic_interaction_scale=FLAGS.synthetic_interaction_scale)
   report = efficiency.run(cfg, synthetic=FLAGS.synthetic, engine_factory=cli.engine_from_flags)
-  os.makedirs(cfg.output_dir, exist_ok=True)
-  write_json(os.path.join(cfg.output_dir, "efficiency.json"), report)
-  tables = efficiency.format_tables(report, cfg.top_k)
-  with open(os.path.join(cfg.output_dir, "efficiency.md"), "w") as f:
-    f.write(tables + "\n")
-  efficiency.plot(report, os.path.join(cfg.output_dir, "efficiency.png"), cfg.top_k)
-  efficiency.plot_diagnostics(report, os.path.join(cfg.output_dir, "efficiency_diagnostics.png"), cfg.top_k)
-  print(tables)
-  print(f"outputs in {cfg.output_dir}")
+  print(efficiency.write_outputs(report, cfg.output_dir, cfg.top_k))
   logging.info("config: %s", dataclasses.asdict(cfg))
 
 

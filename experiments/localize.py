@@ -21,9 +21,12 @@ from jaxloc.report.summary import summary_table
 flags.DEFINE_string("task", None, "Registered task name or a custom .jsonl file.", required=True)
 flags.DEFINE_list("task_options", [], "Task options as key=value.")
 flags.DEFINE_enum("method", "cs_stratified", list(methods.METHODS), "Localization method.")
-flags.DEFINE_integer("num_masks", 300, "Masks (model evaluations) for compressed sensing; for gradient_confirm, "
-                     "the heads confirmed by single-head ablation after one gradient pass (e.g. 10% of the "
-                     "heads).", lower_bound=1)
+flags.DEFINE_integer("num_masks", 300, "Masks (model evaluations) for compressed sensing and two_stage (screen "
+                     "plus confirmations); for gradient_confirm, the heads confirmed by single-head ablation "
+                     "after one gradient pass (e.g. 10% of the heads).", lower_bound=1)
+flags.DEFINE_float("screen_fraction", 0.5, "two_stage: fraction of --num_masks spent on the compressed-sensing "
+                   "screen; the rest ablate the screen's top heads one at a time.", lower_bound=1e-6,
+                   upper_bound=1 - 1e-6)
 flags.DEFINE_float("ablation_rate", 0.1, "Fraction of heads each compressed-sensing mask ablates.",
                    lower_bound=1e-6, upper_bound=1 - 1e-6)
 flags.DEFINE_integer("num_samples", 100, "Task documents used for identification (seeded subset).",
@@ -62,7 +65,8 @@ def main(argv):
       top_k=FLAGS.top_k, exclude_heads=FLAGS.exclude_heads, seed=FLAGS.seed, data_dir=FLAGS.data_dir,
       ablation=FLAGS.ablation, check_sklearn=FLAGS.check_sklearn, solver_dtype=FLAGS.solver_dtype, validate=FLAGS.validate,
       general_tasks=FLAGS.general_tasks, general_samples=FLAGS.general_samples,
-      universal_threshold=FLAGS.universal_threshold, universal_candidates=FLAGS.universal_candidates)
+      universal_threshold=FLAGS.universal_threshold, universal_candidates=FLAGS.universal_candidates,
+      screen_fraction=FLAGS.screen_fraction)
   settings.check()
   engine = cli.engine_from_flags()
   heads = localize(engine, settings, progress=FLAGS.progress)

@@ -449,6 +449,32 @@ def additivity(problem: Problem, truth: GroundTruth, k: int) -> dict[str, Any]:
               "sum_of_single_changes": float(np.sum(truth.change[m][top]))} for m in problem.metric_names}
 
 
+def context_effects(problem: Problem, truth: GroundTruth, budgets: Sequence[float], seeds: Sequence[int], k: int
+                    ) -> dict[str, Any]:
+  """Isolated vs in-context importance. For greedy's top-k and the paper method's top-k at its largest
+  budget: the change when the head is ablated alone (what greedy ranks by) next to the mean Lasso
+  coefficient over seeds (the head's average marginal effect among ~10% other ablated heads, what CS
+  ranks by). A head whose two numbers disagree is where interactions make the two methods answer
+  different questions."""
+  spec = parse_method("cs_stratified")
+  num_masks = budget_masks(max(budgets), problem.num_total)
+  coefs = []
+  for seed in seeds:
+    design = design_for(spec, problem, num_masks, seed)
+    y = problem.measure(design)[problem.headline_metric]
+    X = design.reshape(num_masks, -1).astype(np.float32)
+    cv = solver.lasso_cv(X, y.astype(np.float32), num_folds=min(5, num_masks), seed=seed, standardize=True,
+                         num_alphas=CV_NUM_ALPHAS, eps=CV_EPS)
+    coefs.append(np.asarray(cv.fit.coef, np.float64))
+  coef = np.mean(coefs, axis=0)
+  metric = problem.headline_metric
+  heads = list(dict.fromkeys(truth.top_k(metric, k).tolist() + lexicographic_ranking(coef)[:k].tolist()))
+  return {"budget_masks": num_masks, "heads": _names(problem, heads),
+          "single_change": truth.change[metric][heads].tolist(), "mean_lasso_coef": coef[heads].tolist(),
+          "single_rank": [int(np.flatnonzero(truth.ranking[metric] == h)[0]) + 1 for h in heads],
+          "lasso_rank": [int(np.flatnonzero(lexicographic_ranking(coef) == h)[0]) + 1 for h in heads]}
+
+
 def gt_separation(truth: GroundTruth, metric: str, k: int, depth: int = 10) -> list[float]:
   """The single-head changes of greedy's top `depth` heads: is the k-th clearly apart from the (k+1)-th?"""
   return [float(truth.change[metric][h]) for h in truth.ranking[metric][:depth]]
@@ -643,6 +669,8 @@ def noise_floor(engine, cfg: EfficiencyConfig, task_name: str, task, docs, probl
                   "half0": halves[0].change[metric][top].tolist(), "half1": halves[1].change[metric][top].tolist()}
   out["design_saturation"] = design_saturation(problem, specs, cfg.seeds, cfg.budgets)
   out["additivity"] = additivity(problem, truth, k)
+  if any(s.name == "cs_stratified" for s in specs):
+    out["context_effects"] = context_effects(problem, truth, cfg.budgets, cfg.seeds, k)
   return out
 
 
@@ -759,6 +787,22 @@ def format_tables(report: dict[str, Any], k: int) -> str:
     if nf:
       facts.append(f"greedy top-{k} overlap between two disjoint halves of the docs: "
                    + ", ".join(f"{m} {v}/{k}" for m, v in nf["split_half_top_k_overlap"].items()))
+    if nf and "context_effects" in nf:
+      ce = nf["context_effects"]
+      facts.append(f"isolated vs in-context effect (single-head change | mean Lasso coefficient at "
+                   f"{ce['budget_masks']} masks; ranks): " + "; ".join(
+                       f"{h} {a:+.2f} (#{ra}) | {b:+.3f} (#{rb})" for h, a, b, ra, rb in zip(
+                           ce["heads"], ce["single_change"], ce["mean_lasso_coef"], ce["single_rank"],
+                           ce["lasso_rank"])))
+    if nf:
+      add = nf["additivity"][metric]
+      facts.append(f"greedy's top-{k} ablated together: {metric} {add['joint_change']:+.3f} vs the sum of their "
+                   f"single changes {add['sum_of_single_changes']:+.3f} (saturation/interactions); masks at the "
+                   "floor: " + ", ".join(f"{d['design']} rate {d['ablation_rate']:g}: "
+                                         f"{100 * (d['fraction_at_floor'] or 0):.0f}%"
+                                         for d in nf["design_saturation"]))
+      facts.append(f"greedy's top-10 single-head changes ({metric}): "
+                   + ", ".join(f"{v:+.2f}" for v in gt[metric]["single_changes_top10"]))
     if "greedy_vs_planted_top_k_overlap" in gt:
       facts.append(f"greedy top-{k} vs planted top-{k} overlap per seed: {gt['greedy_vs_planted_top_k_overlap']}")
     lines += [f"- {f}" for f in facts]
@@ -855,56 +899,105 @@ def plot_diagnostics(report: dict[str, Any], path: str, k: int) -> bool:
   return True
 
 
+def _style(method: str, index: int) -> dict[str, Any]:
+  """Colour by family (greys for the paper's CS, warm for adaptive, blue for greedy), one marker per variant."""
+  family = method.split("-")[0]
+  base = "-".join(t for t in method.split("-") if not t.startswith("upto"))  # a cost limit is not a variant
+  colors = {"cs_stratified": "black", "cs_bernoulli": "dimgrey", "two_stage": "tab:purple", "gradient": "tab:orange",
+            "gradient_confirm": "tab:red", "one_shot_greedy": "tab:blue"}
+  variant_colors = ["tab:green", "tab:olive", "tab:cyan", "tab:brown", "tab:pink", "tab:gray"]
+  color = colors.get(family, "tab:gray") if base == family else variant_colors[index % len(variant_colors)]
+  if family == "two_stage" and base != family:
+    color = "plum"
+  thick = base in ("cs_stratified", "cs_bernoulli", "gradient_confirm")
+  return dict(color=color, linewidth=2.6 if thick else 1.3, marker="os^vDP*Xhd"[index % 10], markersize=4,
+              linestyle="-" if base == family else "--")
+
+
 def plot(report: dict[str, Any], path: str, k: int) -> None:
-  """Per task: recall of greedy's top-k and the top-k ablation change against evaluations; mean ± sd band."""
+  """Per task: recall of greedy's top-k and the top-k ablation change against evaluations (log scale),
+  mean over seeds with a ± sd band; one line per method."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  import matplotlib.ticker
 
   tasks = report["tasks"]
-  fig, axes = plt.subplots(len(tasks), 2, figsize=(12, 3.8 * len(tasks)), squeeze=False)
-  methods = list(dict.fromkeys(r["method"] for t in tasks for r in t["summary"]))
-  colors = {m: plt.get_cmap("tab20")(i % 20) for i, m in enumerate(methods)}
+  methods_seen = list(dict.fromkeys(r["method"] for t in tasks for r in t["summary"]))
+  fig, axes = plt.subplots(len(tasks), 2, figsize=(13.5, 3.6 * len(tasks) + 0.4), squeeze=False)
   for row, t in enumerate(tasks):
     n = t["num_layers"] * t["num_heads"]
     metric = t["headline_metric"]
     for col, (key, label) in enumerate((("recall", f"recall of greedy's top-{k}"),
                                         ("change", f"{metric} change, top-{k} ablated"))):
       ax = axes[row][col]
-      for m in methods:
+      for index, m in enumerate(methods_seen):
         rows = sorted([r for r in t["summary"] if r["method"] == m], key=lambda r: r["evaluations"])
         if not rows:
           continue
         x = np.array([r["evaluations"] for r in rows])
         mean = np.array([r[f"{key}_mean"] for r in rows])
         sd = np.array([r[f"{key}_std"] for r in rows])
-        style = dict(color=colors[m], label=m, marker="o", markersize=3, linewidth=1.4)
-        if m.startswith("cs_stratified") and m == "cs_stratified":
-          style.update(linewidth=2.6)
-        ax.plot(x, mean, **style)
-        ax.fill_between(x, mean - sd, mean + sd, color=colors[m], alpha=0.12, linewidth=0)
+        style = _style(m, index)
+        ax.plot(x, mean, label=m, **style)
+        ax.fill_between(x, mean - sd, mean + sd, color=style["color"], alpha=0.08, linewidth=0)
       if key == "change" and "top_k_change" in t.get("ground_truth", {}):
-        ax.axhline(t["ground_truth"]["top_k_change"][metric], color="black", linestyle="--", linewidth=1,
-                   label=f"greedy top-{k} ({n} evaluations)")
+        ax.axhline(t["ground_truth"]["top_k_change"][metric], color="tab:blue", linestyle=":", linewidth=1.2,
+                   label=f"greedy's top-{k} (N evaluations)")
       if key == "recall":
         ax.axhline((k - 1) / k, color="grey", linestyle=":", linewidth=1)
         ax.set_ylim(-0.03, 1.03)
       for fraction in (0.1, 0.25):
         ax.axvline(fraction * n, color="grey", linewidth=0.6, alpha=0.5)
+        if key == "recall":
+          ax.text(fraction * n, 1.0, f" {fraction:.0%}", fontsize=7, color="grey", va="top")
       ax.set_xscale("log")
-      ax.set_xlabel("model evaluations (log scale)")
-      ax.set_ylabel(label)
-      ax.set_title(f"{t['task']}: {label}", fontsize=9)
+      ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+      ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+      ax.set_xlabel("model evaluations (log scale; gradient pass counted in evaluations)", fontsize=8)
+      ax.set_ylabel(label, fontsize=9)
+      ax.set_title(f"{t['task']} (N = {n})", fontsize=9)
   handles, labels = axes[0][1].get_legend_handles_labels()
-  fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
-  fig.tight_layout(rect=(0, 0.04 + 0.02 * (len(methods) // 4), 1, 1))
+  fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+  fig.tight_layout(rect=(0, 0, 0.78, 1))
   fig.savefig(path, dpi=120)
   plt.close(fig)
 
 
 # ------------------------------------------------------------------------------------------------
 # Entry point.
+
+
+def write_outputs(report: dict[str, Any], output_dir: str, k: int) -> str:
+  """efficiency.json, efficiency.md, efficiency.png (and efficiency_diagnostics.png when a task has the
+  noise-floor figures) in output_dir; returns the tables."""
+  from jaxloc.localize.measurements import write_json
+
+  os.makedirs(output_dir, exist_ok=True)
+  write_json(os.path.join(output_dir, "efficiency.json"), report)
+  tables = format_tables(report, k)
+  with open(os.path.join(output_dir, "efficiency.md"), "w") as f:
+    f.write(tables + "\n")
+  plot(report, os.path.join(output_dir, "efficiency.png"), k)
+  plot_diagnostics(report, os.path.join(output_dir, "efficiency_diagnostics.png"), k)
+  return tables + f"\noutputs in {output_dir}"
+
+
+def combine_reports(paths: Sequence[str]) -> dict[str, Any]:
+  """The tasks of several saved efficiency.json files as one report (each keeps its own config)."""
+  import json
+
+  tasks, configs = [], []
+  for path in paths:
+    try:
+      with open(path) as f:
+        report = json.load(f)
+      tasks += report["tasks"]
+      configs.append({"path": path, "mode": report.get("mode"), "config": report.get("config")})
+    except (OSError, ValueError, KeyError) as e:
+      raise UserError(f"cannot read an efficiency report from {path}: {e}") from None
+  return {"mode": "combined", "sources": configs, "tasks": tasks}
 
 
 def run(cfg: EfficiencyConfig, *, synthetic: bool, engine_factory: Callable[[], Any] | None = None

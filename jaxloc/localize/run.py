@@ -59,6 +59,7 @@ class LocalizeSettings:
   universal_threshold: float = 0.5
   universal_candidates: int = 10
   solver_dtype: str = "float64"
+  screen_fraction: float = 0.5
 
   def measurement_settings(self) -> dict[str, Any]:
     """The settings that make the measurements what they are; a resume must match them all."""
@@ -70,6 +71,8 @@ class LocalizeSettings:
       keys += ["top_k"]
     if self.method == "gradient_confirm":
       keys += ["num_masks"]
+    if self.method == "two_stage":
+      keys += ["num_masks", "ablation_rate", "screen_fraction"]
     return {k: getattr(self, k) for k in keys}
 
   def check(self) -> None:
@@ -78,6 +81,14 @@ class LocalizeSettings:
     if self.method.startswith("cs_"):
       if self.num_masks < 2:
         raise UserError(f"--num_masks={self.num_masks} must be ≥ 2 for compressed sensing")
+      if not 0 < self.ablation_rate < 1:
+        raise UserError(f"--ablation_rate={self.ablation_rate} must be in (0, 1)")
+    if self.method == "two_stage":
+      if self.num_masks < 3:
+        raise UserError(f"--num_masks={self.num_masks} must be ≥ 3 for two_stage (a screen of ≥ 2 masks and "
+                        "≥ 1 confirmation)")
+      if not 0 < self.screen_fraction < 1:
+        raise UserError(f"--screen_fraction={self.screen_fraction} must be in (0, 1)")
       if not 0 < self.ablation_rate < 1:
         raise UserError(f"--ablation_rate={self.ablation_rate} must be in (0, 1)")
     if self.method == "gradient_confirm" and self.num_masks < 1:
@@ -153,28 +164,21 @@ def measure(engine, store: MeasurementStore, source: methods.MaskSource, target:
     bar.close()
 
 
-def solve(settings: LocalizeSettings, store: MeasurementStore, source, num_layers: int, num_heads: int
-          ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-  """(ranking [N], per-head values [N], solver facts) from the measurements."""
-  masks, scores, baseline = store.masks, store.scores, store.baseline
-  if settings.method in ("greedy", "one_shot_greedy", "gradient_confirm"):
-    # Exact ties of the metric (frequent for 0/1 accuracy) are broken by the task's other metrics.
-    tie_breaks = [store.metrics[m] - store.baselines[m] for m in sorted(store.metrics)
-                  if m != store.metric and m in store.baselines]
-    ranking, values = methods.greedy_result(source, settings.method, masks, scores, baseline, tie_breaks)
-    facts = {}
-    if settings.method == "gradient_confirm":
-      facts = {"screen": "mask gradient of the task's log-probability at the unablated model",
-               "confirmed_heads": int(len(masks)), "unconfirmed_score": "0 (not measured)"}
-    return ranking, values, facts
+GREEDY_LIKE = ("greedy", "one_shot_greedy", "gradient_confirm", "two_stage")
+SCREEN_RANKING = "screen_ranking.npy"
+
+
+def lasso(settings: LocalizeSettings, masks: np.ndarray, scores: np.ndarray, metric: str
+          ) -> tuple[np.ndarray, dict[str, Any]]:
+  """(coefficients [N], solver facts) of the Lasso of `scores` [M] on the ablation design `masks` [M, L, H]."""
   # float64 by default: the Lasso is tiny next to the measurements, float64 FISTA converges in fewer steps
   # than float32 (which stalls at ~1e-5 relative) and matches scikit-learn to ~1e-12.
   float64 = settings.solver_dtype == "float64"
   np_dtype = np.float64 if float64 else np.float32
-  X = masks.reshape(len(masks), num_layers * num_heads).astype(np_dtype)
+  X = masks.reshape(len(masks), -1).astype(np_dtype)
   y = scores.astype(np_dtype)
   if np.ptp(y) == 0:
-    raise UserError(f"every mask scored {y[0]:.4g} on {store.metric}: nothing to localize (is the task "
+    raise UserError(f"every mask scored {y[0]:.4g} on {metric}: nothing to localize (is the task "
                     "too hard or too easy for this model? try --metric=logprob or another task)")
   options = dict(standardize=settings.standardize, nonpositive=settings.nonpositive)
   facts: dict[str, Any] = {"standardize": settings.standardize, "nonpositive": settings.nonpositive,
@@ -199,6 +203,48 @@ def solve(settings: LocalizeSettings, store: MeasurementStore, source, num_layer
     if settings.check_sklearn:
       facts["sklearn_max_abs_diff"] = float(solver.check_against_sklearn(X, y, float(fit.alpha), result=fit,
                                                                           **options))
+  return coef, facts
+
+
+def _screen_ranker(settings: LocalizeSettings, metric: str, facts: dict[str, Any]):
+  """two_stage's screen ranking: the Lasso on the screen masks, saved in output_dir so that a resumed run
+  confirms the same candidates (a re-solve could reorder near-ties); its solver facts go into `facts`."""
+  path = os.path.join(settings.output_dir, SCREEN_RANKING)
+
+  def rank(masks: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    if os.path.exists(path):
+      facts["loaded_from"] = SCREEN_RANKING
+      return np.load(path)
+    coef, screen_facts = lasso(settings, masks, scores, metric)
+    facts.update(screen_facts)
+    ranking = solver.rank_heads(coef)
+    tmp = path + ".tmp.npy"
+    np.save(tmp, ranking)
+    os.replace(tmp, path)
+    return ranking
+
+  return rank
+
+
+def solve(settings: LocalizeSettings, store: MeasurementStore, source, num_layers: int, num_heads: int
+          ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+  """(ranking [N], per-head values [N], solver facts) from the measurements."""
+  masks, scores, baseline = store.masks, store.scores, store.baseline
+  if settings.method in GREEDY_LIKE:
+    # Exact ties of the metric (frequent for 0/1 accuracy) are broken by the task's other metrics.
+    tie_breaks = [store.metrics[m] - store.baselines[m] for m in sorted(store.metrics)
+                  if m != store.metric and m in store.baselines]
+    ranking, values = methods.greedy_result(source, settings.method, masks, scores, baseline, tie_breaks)
+    facts = {}
+    if settings.method == "gradient_confirm":
+      facts = {"screen": "mask gradient of the task's log-probability at the unablated model",
+               "confirmed_heads": int(len(masks)), "unconfirmed_score": "0 (not measured)"}
+    if settings.method == "two_stage":
+      facts = {"screen": f"Lasso on {len(source.screen)} stratified masks", "screen_masks": len(source.screen),
+               "confirmed_heads": int(source.num_confirm), "unconfirmed_score": "0 (not measured)",
+               "screen_solver": source.screen_facts}
+    return ranking, values, facts
+  coef, facts = lasso(settings, masks, scores, store.metric)
   return solver.rank_heads(coef), coef, facts
 
 
@@ -231,9 +277,14 @@ def localize(engine, settings: LocalizeSettings, *, progress: bool = True) -> di
     t = time.perf_counter()
     gradient_change = _gradient_change(engine, settings.output_dir, target)
     timing["gradient_seconds"] = time.perf_counter() - t
+  screen_facts: dict[str, Any] = {}
   source = methods.make_source(settings.method, c.num_layers, c.num_heads, num_masks=settings.num_masks,
                                ablation_rate=settings.ablation_rate, seed=settings.seed, exclude=exclude_names,
-                               rounds=settings.top_k, gradient_change=gradient_change)
+                               rounds=settings.top_k, gradient_change=gradient_change,
+                               screen_fraction=settings.screen_fraction,
+                               rank_screen=_screen_ranker(settings, metric, screen_facts))
+  if settings.method == "two_stage":
+    source.screen_facts = screen_facts
   t = time.perf_counter()
   measure(engine, store, source, target, progress)
   timing["measure_seconds"] = time.perf_counter() - t

@@ -92,6 +92,8 @@ def test_resume_after_kill_loses_and_remeasures_nothing(tiny_model_dir, capitals
     (["--lasso_alpha=abc"], "lasso_alpha"),
     (["--exclude_heads=L9H9"], "out of range"),
     (["--metric=bleu"], "--metric=bleu"),
+    (["--method=two_stage", "--num_masks=2"], "≥ 3 for two_stage"),
+    (["--method=two_stage", "--screen_fraction=1.0"], "screen_fraction"),
 ])
 def test_bad_flags_exit_2(tiny_model_dir, capitals_jsonl, tmp_path, extra, message):
   proc = run_cli("experiments.localize", *_args(tiny_model_dir, capitals_jsonl, str(tmp_path / "o"), *extra))
