@@ -148,9 +148,7 @@ class Problem:
     return self.metric_names[0]
 
   def single_head_masks(self, heads: Sequence[int]) -> np.ndarray:
-    masks = np.zeros((len(heads), self.num_total), bool)
-    masks[np.arange(len(heads)), np.asarray(heads, np.int64)] = True
-    return masks.reshape(-1, self.num_layers, self.num_heads)
+    return methods.single_head_masks(heads, self.num_layers, self.num_heads)
 
   def joint_mask(self, heads: Sequence[int]) -> np.ndarray:
     mask = np.zeros(self.num_total, bool)
@@ -807,53 +805,29 @@ def format_tables(report: dict[str, Any], k: int) -> str:
       facts.append(f"greedy top-{k} vs planted top-{k} overlap per seed: {gt['greedy_vs_planted_top_k_overlap']}")
     lines += [f"- {f}" for f in facts]
     lines.append("")
-    header = "| method | " + " | ".join(_budget_label(b, n) for b in budgets) + " | own cost |"
-    lines.append(f"Recall of greedy's top-{k} ({metric}), mean ± sd over seeds [seeds with ≥ {k - 1}/{k}]:")
-    lines.append("")
-    lines.append(header)
-    lines.append("|" + "---|" * (len(budgets) + 2))
     methods = list(dict.fromkeys(r["method"] for r in summary))
     by = {(r["method"], r["budget_fraction"]): r for r in summary}
-    for m in methods:
-      cells = []
-      for b in budgets + [None]:
-        r = by.get((m, b))
-        cells.append("" if r is None else f"{r['recall_mean']:.2f} ± {r['recall_std']:.2f} "
-                     f"[{r['seeds_with_hits_ge_k_minus_1']}/{r['seeds']}]"
-                     + (f" @{r['evaluations']:.1f}" if b is None else ""))
-      lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    header = "| method | " + " | ".join(_budget_label(b, n) for b in budgets) + " | own cost |"
+
+    def table(title: str, cell: Callable[[dict[str, Any], float | None], str]) -> None:
+      """One row per method, one column per budget (None: the method's own cost, e.g. the gradient)."""
+      lines.extend([title, "", header, "|" + "---|" * (len(budgets) + 2)])
+      for m in methods:
+        cells = ["" if by.get((m, b)) is None else cell(by[(m, b)], b) for b in budgets + [None]]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+      lines.append("")
+
+    table(f"Recall of greedy's top-{k} ({metric}), mean ± sd over seeds [seeds with ≥ {k - 1}/{k}]:",
+          lambda r, b: f"{r['recall_mean']:.2f} ± {r['recall_std']:.2f} [{r['seeds_with_hits_ge_k_minus_1']}/"
+                       f"{r['seeds']}]" + (f" @{r['evaluations']:.1f}" if b is None else ""))
     for other in [m for m in t.get("metrics", [metric]) if m != metric]:
-      lines.append("")
-      lines.append(f"Recall of greedy's top-{k} by {other} (mean over seeds):")
-      lines.append("")
-      lines.append(header)
-      lines.append("|" + "---|" * (len(budgets) + 2))
-      for m in methods:
-        cells = [("" if by.get((m, b)) is None else f"{by[(m, b)][f'recall_mean_{other}']:.2f}")
-                 for b in budgets + [None]]
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+      table(f"Recall of greedy's top-{k} by {other} (mean over seeds):",
+            lambda r, b, other=other: f"{r[f'recall_mean_{other}']:.2f}")
     if any("recall_planted_mean" in r for r in summary):
-      lines.append("")
-      lines.append(f"Recall of the planted top-{k} (the simulation's truth; mean over seeds):")
-      lines.append("")
-      lines.append(header)
-      lines.append("|" + "---|" * (len(budgets) + 2))
-      for m in methods:
-        cells = [("" if by.get((m, b)) is None else f"{by[(m, b)]['recall_planted_mean']:.2f}")
-                 for b in budgets + [None]]
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append(f"Change of {metric} when the method's top-{k} are ablated together (mean ± sd):")
-    lines.append("")
-    lines.append(header)
-    lines.append("|" + "---|" * (len(budgets) + 2))
-    for m in methods:
-      cells = []
-      for b in budgets + [None]:
-        r = by.get((m, b))
-        cells.append("" if r is None else f"{r['change_mean']:+.3f} ± {r['change_std']:.3f}")
-      lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines.append("")
+      table(f"Recall of the planted top-{k} (the simulation's truth; mean over seeds):",
+            lambda r, b: f"{r['recall_planted_mean']:.2f}")
+    table(f"Change of {metric} when the method's top-{k} are ablated together (mean ± sd):",
+          lambda r, b: f"{r['change_mean']:+.3f} ± {r['change_std']:.3f}")
   return "\n".join(lines)
 
 

@@ -102,21 +102,22 @@ def gradient_confirm_source(gradient_change: np.ndarray, num_layers: int, num_he
 
 @dataclasses.dataclass
 class TwoStage:
-  """Screen: a stratified design of `screen` masks, ranked by `rank_screen(masks, scores)` (the runner's
-  Lasso). Confirm: the `num_confirm` best-ranked heads that are not excluded, each ablated alone."""
+  """Screen: a stratified design of `screen` masks, ranked by `rank_screen(masks, scores)` -> (ranking [N],
+  solver facts) (the runner's Lasso). Confirm: the `num_confirm` best-ranked heads that are not excluded, each ablated alone."""
 
   screen: np.ndarray  # bool [S, L, H]
   num_confirm: int
   excluded: np.ndarray  # bool [N]
-  rank_screen: Callable[[np.ndarray, np.ndarray], np.ndarray]
+  rank_screen: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, dict]]
   screen_ranking: np.ndarray | None = None  # int [N], set once the screen is measured
   candidates: np.ndarray | None = None  # int [C]
-  screen_facts: dict = dataclasses.field(default_factory=dict)  # the screen solve's facts, filled by the runner
+  screen_facts: dict = dataclasses.field(default_factory=dict)  # the screen solve's facts
 
   def _confirm_masks(self, measured: np.ndarray, scores: np.ndarray) -> np.ndarray:
     if self.candidates is None:
       screen = len(self.screen)
-      self.screen_ranking = np.asarray(self.rank_screen(measured[:screen], scores[:screen]), np.int64)
+      ranking, self.screen_facts = self.rank_screen(measured[:screen], scores[:screen])
+      self.screen_ranking = np.asarray(ranking, np.int64)
       self.candidates = np.asarray([h for h in self.screen_ranking if not self.excluded[h]][:self.num_confirm],
                                    np.int64)
     _, num_layers, num_heads = self.screen.shape
@@ -191,7 +192,8 @@ class IterativeGreedy:
 def make_source(method: str, num_layers: int, num_heads: int, *, num_masks: int, ablation_rate: float, seed: int,
                 exclude: list[str], rounds: int, gradient_change: np.ndarray | None = None,
                 screen_fraction: float = 0.5,
-                rank_screen: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> MaskSource:
+                rank_screen: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, dict]] | None = None
+                ) -> MaskSource:
   if method not in METHODS:
     raise UserError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
   if method == "two_stage":

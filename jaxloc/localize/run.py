@@ -206,22 +206,21 @@ def lasso(settings: LocalizeSettings, masks: np.ndarray, scores: np.ndarray, met
   return coef, facts
 
 
-def _screen_ranker(settings: LocalizeSettings, metric: str, facts: dict[str, Any]):
-  """two_stage's screen ranking: the Lasso on the screen masks, saved in output_dir so that a resumed run
-  confirms the same candidates (a re-solve could reorder near-ties); its solver facts go into `facts`."""
+def _screen_ranker(settings: LocalizeSettings, metric: str):
+  """two_stage's screen ranking: (ranking [N], solver facts) of the Lasso on the screen masks. The ranking
+  is saved in output_dir so that a resumed run confirms the same candidates (a re-solve could reorder
+  near-ties)."""
   path = os.path.join(settings.output_dir, SCREEN_RANKING)
 
-  def rank(masks: np.ndarray, scores: np.ndarray) -> np.ndarray:
+  def rank(masks: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
     if os.path.exists(path):
-      facts["loaded_from"] = SCREEN_RANKING
-      return np.load(path)
-    coef, screen_facts = lasso(settings, masks, scores, metric)
-    facts.update(screen_facts)
+      return np.load(path), {"loaded_from": SCREEN_RANKING}
+    coef, facts = lasso(settings, masks, scores, metric)
     ranking = solver.rank_heads(coef)
     tmp = path + ".tmp.npy"
     np.save(tmp, ranking)
     os.replace(tmp, path)
-    return ranking
+    return ranking, facts
 
   return rank
 
@@ -277,14 +276,11 @@ def localize(engine, settings: LocalizeSettings, *, progress: bool = True) -> di
     t = time.perf_counter()
     gradient_change = _gradient_change(engine, settings.output_dir, target)
     timing["gradient_seconds"] = time.perf_counter() - t
-  screen_facts: dict[str, Any] = {}
   source = methods.make_source(settings.method, c.num_layers, c.num_heads, num_masks=settings.num_masks,
                                ablation_rate=settings.ablation_rate, seed=settings.seed, exclude=exclude_names,
                                rounds=settings.top_k, gradient_change=gradient_change,
                                screen_fraction=settings.screen_fraction,
-                               rank_screen=_screen_ranker(settings, metric, screen_facts))
-  if settings.method == "two_stage":
-    source.screen_facts = screen_facts
+                               rank_screen=_screen_ranker(settings, metric))
   t = time.perf_counter()
   measure(engine, store, source, target, progress)
   timing["measure_seconds"] = time.perf_counter() - t

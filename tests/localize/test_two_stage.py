@@ -18,7 +18,7 @@ def _source(num_masks, exclude=(), ranking=(3, 1, 5, 2, 0, 4)):
 
   def rank_screen(masks, scores):
     calls.append((masks.copy(), scores.copy()))
-    return np.array(ranking)
+    return np.array(ranking), {"solver": "fake"}
 
   source = methods.make_source("two_stage", 2, 3, num_masks=num_masks, ablation_rate=0.34, seed=0,
                                exclude=list(exclude), rounds=5, screen_fraction=0.5, rank_screen=rank_screen)
@@ -36,6 +36,7 @@ def test_screen_masks_come_first_then_the_screen_top_heads_one_at_a_time():
   np.testing.assert_array_equal(source.next_masks(source.screen[:1], np.zeros(1)), source.screen[1:])
   confirm = source.next_masks(source.screen, np.array([0.5, 0.4, 0.3]))
   assert len(calls) == 1 and calls[0][1].tolist() == [0.5, 0.4, 0.3]
+  assert source.screen_facts == {"solver": "fake"}
   # The screen ranks 3, 1, 5, ...; head 1 (L0H1) is excluded, so 3, 5, 2 are confirmed.
   assert source.candidates.tolist() == [3, 5, 2]
   assert confirm.reshape(3, 6).argmax(axis=1).tolist() == [3, 5, 2] and np.all(confirm.sum(axis=(1, 2)) == 1)
