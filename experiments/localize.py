@@ -63,7 +63,8 @@ def main(argv):
       ablation_rate=FLAGS.ablation_rate, num_samples=FLAGS.num_samples, metric=FLAGS.metric,
       lasso_alpha=FLAGS.lasso_alpha, standardize=FLAGS.standardize, nonpositive=FLAGS.nonpositive,
       top_k=FLAGS.top_k, exclude_heads=FLAGS.exclude_heads, seed=FLAGS.seed, data_dir=FLAGS.data_dir,
-      ablation=FLAGS.ablation, check_sklearn=FLAGS.check_sklearn, solver_dtype=FLAGS.solver_dtype, validate=FLAGS.validate,
+      ablation=FLAGS.ablation, check_sklearn=FLAGS.check_sklearn, solver_dtype=FLAGS.solver_dtype,
+      validate=FLAGS.validate,
       general_tasks=FLAGS.general_tasks, general_samples=FLAGS.general_samples,
       universal_threshold=FLAGS.universal_threshold, universal_candidates=FLAGS.universal_candidates,
       screen_fraction=FLAGS.screen_fraction)

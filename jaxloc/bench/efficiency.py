@@ -639,7 +639,8 @@ def ground_truth_report(problem: Problem, truth: GroundTruth, k: int) -> dict[st
   # How sparse the effects are: heads whose single ablation costs at least this much (headline metric).
   change = truth.change[problem.headline_metric]
   scale = abs(problem.baseline[problem.headline_metric]) or 1.0
-  out["heads_with_relative_drop_at_least"] = {f"{q:g}": int(np.sum(change <= -q * scale)) for q in (0.02, 0.05, 0.1, 0.2)}
+  out["heads_with_relative_drop_at_least"] = {f"{q:g}": int(np.sum(change <= -q * scale))
+                                              for q in (0.02, 0.05, 0.1, 0.2)}
   out["overlap_between_metrics"] = top_k_overlap(truth.ranking[problem.metric_names[0]],
                                                  truth.ranking[problem.metric_names[-1]], k)
   return out

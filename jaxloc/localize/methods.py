@@ -9,9 +9,10 @@ computed by the runner) and measures only its top candidates, each ablated alone
 that reached greedy's top heads with the fewest evaluations in `experiments.benchmark_efficiency`
 (docs/efficiency/). `two_stage` screens by compressed sensing (a stratified design and the Lasso) and
 confirms the Lasso's top candidates the same way; it needs no gradient, so it also serves generation
-tasks, and it beat plain compressed sensing at equal evaluations in that benchmark. Every method is resumable the same way: re-run it on the saved measurements and it
-continues where they end. Iterative greedy decides each round from the previous rounds' scores, so
-its masks are recomputed from the saved scores, never stored separately.
+tasks, and it beat plain compressed sensing at equal evaluations in that benchmark. Every method is
+resumable the same way: re-run it on the saved measurements and it continues where they end.
+Iterative greedy decides each round from the previous rounds' scores, so its masks are recomputed
+from the saved scores, never stored separately.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def gradient_confirm_source(gradient_change: np.ndarray, num_layers: int, num_he
 @dataclasses.dataclass
 class TwoStage:
   """Screen: a stratified design of `screen` masks, ranked by `rank_screen(masks, scores)` -> (ranking [N],
-  solver facts) (the runner's Lasso). Confirm: the `num_confirm` best-ranked heads that are not excluded, each ablated alone."""
+  solver facts), the runner's Lasso. Confirm: the `num_confirm` best-ranked heads that are not excluded,
+  each ablated alone."""
 
   screen: np.ndarray  # bool [S, L, H]
   num_confirm: int
