@@ -321,12 +321,18 @@ def iterative_greedy(problem: Problem, k: int) -> dict[str, Any]:
   from jaxloc.localize.methods import IterativeGreedy
 
   source = IterativeGreedy(problem.num_layers, problem.num_heads, k, np.zeros(problem.num_total, bool))
+  order = _metric_order(problem, None)  # the headline metric, then the metrics that break its ties
   measured = np.zeros((0, problem.num_layers, problem.num_heads), bool)
-  scores = np.zeros((0,), np.float64)
-  while (todo := source.next_masks(measured, scores)) is not None:
-    values = problem.measure(todo)[problem.headline_metric]
-    measured, scores = np.concatenate([measured, todo]), np.concatenate([scores, values])
-  chosen, _, _ = source.replay(measured, scores)
+  scores = {m: np.zeros((0,), np.float64) for m in order}
+
+  def ties():
+    return [scores[m] for m in order[1:]]
+
+  while (todo := source.next_masks(measured, scores[order[0]], ties())) is not None:
+    values = problem.measure(todo)
+    measured = np.concatenate([measured, todo])
+    scores = {m: np.concatenate([scores[m], values[m]]) for m in order}
+  chosen, _, _ = source.replay(measured, scores[order[0]], ties())
   return {"top_k": [int(h) for h in chosen], "evaluations": int(len(measured))}
 
 

@@ -29,7 +29,11 @@ METHODS = ("cs_stratified", "cs_bernoulli", "greedy", "one_shot_greedy", "gradie
 
 
 class MaskSource(Protocol):
-  def next_masks(self, measured: np.ndarray, scores: np.ndarray) -> np.ndarray | None: ...
+  def next_masks(self, measured: np.ndarray, scores: np.ndarray, tie_breaks: Sequence[np.ndarray] = ()
+                 ) -> np.ndarray | None:
+    """The masks to measure next, or None when done. `scores` [M] are the metric under the `measured`
+    masks; `tie_breaks` ([M] each, e.g. log-probability) break its exact ties, in order."""
+    ...
 
   def expected_total(self) -> int: ...
 
@@ -47,8 +51,8 @@ class FixedDesign:
 
   design: np.ndarray  # bool [M, L, H]
 
-  def next_masks(self, measured, scores):
-    del scores
+  def next_masks(self, measured, scores, tie_breaks=()):
+    del scores, tie_breaks
     _check_prefix(measured, self.design)
     rest = self.design[len(measured):]
     return rest if len(rest) else None
@@ -125,7 +129,8 @@ class TwoStage:
     _, num_layers, num_heads = self.screen.shape
     return single_head_masks(self.candidates, num_layers, num_heads)
 
-  def next_masks(self, measured, scores):
+  def next_masks(self, measured, scores, tie_breaks=()):
+    del tie_breaks  # the screen's Lasso fits the metric itself
     screen = len(self.screen)
     if len(measured) < screen:
       _check_prefix(measured, self.screen)
@@ -163,8 +168,10 @@ class IterativeGreedy:
     masks[np.arange(len(candidates)), candidates] = True
     return masks.reshape(-1, self.num_layers, self.num_heads), candidates
 
-  def replay(self, measured: np.ndarray, scores: np.ndarray):
-    """(chosen heads, per-round (candidates, scores), masks still to measure or None)."""
+  def replay(self, measured: np.ndarray, scores: np.ndarray, tie_breaks: Sequence[np.ndarray] = ()):
+    """(chosen heads, per-round (candidates, scores), masks still to measure or None). A round keeps the
+    head with the lowest score; exact ties (frequent once 0/1 accuracy reaches its floor) go to the lowest
+    `tie_breaks` value, in order."""
     chosen: list[int] = []
     rounds = []
     offset = 0
@@ -177,14 +184,15 @@ class IterativeGreedy:
         _check_prefix(measured[offset:], masks)
         return chosen, rounds, masks[max(have, 0):]
       _check_prefix(measured[offset:offset + len(masks)], masks)
-      round_scores = scores[offset:offset + len(masks)]
-      chosen.append(int(candidates[int(np.argmin(round_scores))]))
+      where = slice(offset, offset + len(masks))
+      round_scores = scores[where]
+      chosen.append(int(candidates[lexicographic_ranking(round_scores, *(t[where] for t in tie_breaks))[0]]))
       rounds.append((candidates, round_scores))
       offset += len(masks)
     return chosen, rounds, None
 
-  def next_masks(self, measured, scores):
-    return self.replay(measured, scores)[2]
+  def next_masks(self, measured, scores, tie_breaks=()):
+    return self.replay(measured, scores, tie_breaks)[2]
 
   def expected_total(self) -> int:
     active = int((~self.excluded).sum())
@@ -264,7 +272,7 @@ def greedy_result(source: MaskSource, method: str, measured: np.ndarray, scores:
     ranking = confirm_ranking(heads, [scores[screen:] - baseline, *(t[screen:] for t in tie_breaks)],
                               source.screen_ranking)
     return ranking, change
-  chosen, rounds, _ = source.replay(measured, scores)
+  chosen, rounds, _ = source.replay(measured, scores, tie_breaks)
   level = baseline
   for round_index, (candidates, round_scores) in enumerate(rounds):
     marginal = round_scores - level

@@ -146,6 +146,13 @@ def _gradient_change(engine, output_dir: str, target: validate.EvalSet) -> np.nd
   return change
 
 
+def _tie_breaks(store: MeasurementStore) -> list[np.ndarray]:
+  """Score changes [M] in the task's other metrics: they break exact ties of the metric (frequent for 0/1
+  accuracy), for the greedy methods' choices and rankings alike."""
+  return [store.metrics[m] - store.baselines[m] for m in sorted(store.metrics)
+          if m != store.metric and m in store.baselines]
+
+
 def measure(engine, store: MeasurementStore, source: methods.MaskSource, target: validate.EvalSet,
             progress: bool = True) -> None:
   """Measures what `source` asks for, saving after every engine batch; resumes from `store`."""
@@ -153,7 +160,7 @@ def measure(engine, store: MeasurementStore, source: methods.MaskSource, target:
   bar = tqdm(total=total, initial=min(len(store), total), desc=f"measuring {target.name}", unit="mask",
              disable=not progress, dynamic_ncols=True)
   try:
-    while (todo := source.next_masks(store.masks, store.scores)) is not None:
+    while (todo := source.next_masks(store.masks, store.scores, _tie_breaks(store))) is not None:
       keep = (~todo).astype(np.float32)
       for where, metrics in evaluation.run_batches(engine, target.task, target.docs, keep,
                                                    head_fill=target.head_fill):
@@ -230,10 +237,7 @@ def solve(settings: LocalizeSettings, store: MeasurementStore, source, num_layer
   """(ranking [N], per-head values [N], solver facts) from the measurements."""
   masks, scores, baseline = store.masks, store.scores, store.baseline
   if settings.method in GREEDY_LIKE:
-    # Exact ties of the metric (frequent for 0/1 accuracy) are broken by the task's other metrics.
-    tie_breaks = [store.metrics[m] - store.baselines[m] for m in sorted(store.metrics)
-                  if m != store.metric and m in store.baselines]
-    ranking, values = methods.greedy_result(source, settings.method, masks, scores, baseline, tie_breaks)
+    ranking, values = methods.greedy_result(source, settings.method, masks, scores, baseline, _tie_breaks(store))
     facts = {}
     if settings.method == "gradient_confirm":
       facts = {"screen": "mask gradient of the task's log-probability at the unablated model",
