@@ -149,6 +149,21 @@ def test_synthetic_sweep_recovers_the_planted_heads_at_a_generous_budget():
   assert task["cache"]["served_from_cache"] > 0  # greedy at 100% re-asks the ground truth's masks
 
 
+def test_saved_reports_render_together(tmp_path):
+  cfg = efficiency.EfficiencyConfig(output_dir="unused", methods=["cs_stratified"], budgets=[0.5], seeds=[0],
+                                    synthetic_sizes=[(4, 8)], synthetic_planted=3)
+  report = efficiency.run(cfg, synthetic=True)
+  for name in ("a", "b"):
+    efficiency.write_outputs(report, str(tmp_path / name), k=5)
+  paths = [str(tmp_path / name / "efficiency.json") for name in ("a", "b")]
+  combined = efficiency.combine_reports(paths)
+  assert [t["task"] for t in combined["tasks"]] == ["synthetic N=32"] * 2
+  tables = efficiency.write_outputs(combined, str(tmp_path / "both"), k=5)
+  assert tables.count("### synthetic N=32") == 2 and (tmp_path / "both" / "efficiency.png").exists()
+  with pytest.raises(UserError, match="missing.json"):
+    efficiency.combine_reports([str(tmp_path / "missing.json")])
+
+
 def test_two_stage_confirms_its_candidates_by_single_head_ablation():
   problem, cache, response = efficiency.synthetic_problem(8, 16, seed=1, num_planted=5, interaction_scale=0.0)
   truth = efficiency.one_shot_ground_truth(problem)
