@@ -7,7 +7,8 @@
 from absl import flags
 
 from jaxloc import cli
-from jaxloc.evaluate import evaluate_heads, write_json
+from jaxloc.evaluate import evaluate_heads
+from jaxloc.files import write_json
 
 flags.DEFINE_string("task", None, "Registered task name or a custom .jsonl file.", required=True)
 flags.DEFINE_list("task_options", [], "Task options as key=value (e.g. subtasks=2da,2ds for arithmetic).")

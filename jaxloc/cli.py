@@ -6,9 +6,10 @@ with a single line on stderr and exit status 2, no traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from absl import app, flags
 
@@ -19,7 +20,9 @@ EXIT_USER_ERROR = 2
 
 
 def define_model_flags() -> None:
-  flags.DEFINE_string("model", "smollm2-135m", "Model: 'smollm2-135m' (embedded default), a .gguf file, "
+  from jaxloc.models.loading import SMOLLM2_ALIAS
+
+  flags.DEFINE_string("model", SMOLLM2_ALIAS, "Model: 'smollm2-135m' (embedded default), a .gguf file, "
                       "a local HF directory, or an HF hub id.")
   flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
                     "Parameter/compute dtype; auto = float32 on CPU, bfloat16 on accelerators.")
@@ -35,6 +38,51 @@ def define_model_flags() -> None:
                        lower_bound=1)
   flags.DEFINE_bool("share_prefix", True, "Compute the few-shot prefix shared by all requests once per mask.")
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (multi-host pods).")
+
+
+def define_flags(settings_class, skip: tuple[str, ...] = (), choices: dict[str, list[str]] | None = None) -> None:
+  """One flag per field of a settings dataclass (`jaxloc.localize.settings.setting` fields): its default,
+  help, bounds and choices come from the field, so the flag and the settings never disagree. `choices`
+  supplies lists that the field names symbolically (e.g. the method registry)."""
+  for field in dataclasses.fields(settings_class):
+    if field.name in skip:
+      continue
+    meta = field.metadata
+    default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+    help_text = meta.get("help", "")
+    kind = meta.get("type", type(default))
+    options = meta.get("choices")
+    if isinstance(options, str):
+      options = (choices or {})[options]
+    bounds = {k: meta[b] for k, b in (("lower_bound", "lower"), ("upper_bound", "upper")) if b in meta}
+    if options:
+      flags.DEFINE_enum(field.name, default, list(options), help_text)
+    elif kind is bool:
+      flags.DEFINE_bool(field.name, default, help_text)
+    elif kind is int:
+      flags.DEFINE_integer(field.name, default, help_text, **bounds)
+    elif kind is float:
+      flags.DEFINE_float(field.name, default, help_text, **bounds)
+    elif kind in (list, dict):
+      shown = [f"{k}={v}" for k, v in default.items()] if kind is dict else default
+      flags.DEFINE_list(field.name, shown, help_text)
+    else:
+      flags.DEFINE_string(field.name, default, help_text)
+    if meta.get("required"):
+      flags.mark_flag_as_required(field.name)
+
+
+def settings_from_flags(settings_class) -> Any:
+  """The settings dataclass filled from the parsed flags that `define_flags` defined."""
+  values = {}
+  for field in dataclasses.fields(settings_class):
+    if field.name not in FLAGS:
+      continue
+    value = FLAGS[field.name].value
+    kind = field.metadata.get("type", type(field.default_factory() if field.default_factory is not
+                                             dataclasses.MISSING else field.default))
+    values[field.name] = parse_options(value) if kind is dict else (list(value) if kind is list else value)
+  return settings_class(**values)
 
 
 def engine_from_flags():

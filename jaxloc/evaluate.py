@@ -5,17 +5,13 @@ Result: {"model", "task", "heads", "ablation", "num_samples", "metrics": {name: 
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from typing import Any, Sequence
 
 import numpy as np
 
 from jaxloc.errors import UserError
 from jaxloc.heads import head_name, keep_mask, parse_heads
-from jaxloc.tasks import evaluation
-from jaxloc.tasks.registry import get_task
+from jaxloc.tasks.evaluation import Evaluator, load_task
 
 ABLATIONS = ("zero", "mean")
 
@@ -27,11 +23,10 @@ def evaluate_heads(engine, task_name: str, *, heads: str | Sequence[str] | None 
     raise UserError(f"unknown ablation {ablation!r}; valid: {', '.join(ABLATIONS)}")
   config = engine.config
   parsed = parse_heads(heads, config.num_layers, config.num_heads)
-  task = get_task(task_name, **(task_options or {}))
-  docs = task.load_docs(num_samples=num_samples, seed=seed, data_dir=data_dir)
+  task, docs = load_task(task_name, task_options, num_samples=num_samples, seed=seed, data_dir=data_dir)
   mask = keep_mask(parsed, config.num_layers, config.num_heads)[None]
-  fill = evaluation.mean_ablation_values(engine, task, docs) if ablation == "mean" and parsed else None
-  metrics = evaluation.run(engine, task, docs, mask, head_fill=fill, progress=progress)
+  evaluator = Evaluator.build(engine, task_name, task, docs, ablation if parsed else "zero")
+  metrics = evaluator.run(mask, progress=progress)
   return {
       "model": engine.model.name,
       "task": task_name,
@@ -41,12 +36,3 @@ def evaluate_heads(engine, task_name: str, *, heads: str | Sequence[str] | None 
       "metrics": {name: float(np.asarray(values)[0]) for name, values in metrics.items()},
   }
 
-
-def write_json(path: str, payload: Any) -> None:
-  """Writes JSON atomically (a crash never leaves a half-written file)."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-  with os.fdopen(fd, "w") as f:
-    json.dump(payload, f, indent=2)
-  os.replace(tmp, path)

@@ -14,7 +14,7 @@ refused rather than mixed. With `directory=None` the cache lives in memory only 
 where an evaluation costs microseconds and rewriting a file per batch would dominate).
 
 An evaluator is `evaluate(masks bool [M, L, H]) -> iterator of (slice of masks, {metric: [n]})`,
-yielding as batches finish (`task_evaluator` wraps `tasks.evaluation.run_batches`).
+yielding as batches finish (`bench.problems.real_problem` wraps `tasks.evaluation.Evaluator.batches`).
 """
 
 from __future__ import annotations
@@ -30,17 +30,6 @@ from jaxloc.localize.measurements import MeasurementStore
 log = logging.getLogger(__name__)
 
 Evaluator = Callable[[np.ndarray], Iterator[tuple[slice, dict[str, np.ndarray]]]]
-
-
-def task_evaluator(engine, task, docs, head_fill=None) -> Evaluator:
-  """An evaluator of `task` on `docs` through the engine (design masks converted to keep-masks)."""
-  from jaxloc.tasks import evaluation
-
-  def evaluate(masks: np.ndarray):
-    keep = (~np.asarray(masks, bool)).astype(np.float32)
-    yield from evaluation.run_batches(engine, task, docs, keep, head_fill=head_fill)
-
-  return evaluate
 
 
 def mask_key(mask: np.ndarray) -> bytes:

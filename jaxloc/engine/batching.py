@@ -99,7 +99,9 @@ def plan_scoring(config: ModelConfig, *, num_masks: int, num_requests: int, mean
   mean_seq = max(mean_seq, 1.0)
   requests = min(num_requests, max(1, int(tokens_per_batch // mean_seq)))
   masks = max(1, int(tokens_per_batch // (requests * mean_seq)))
-  masks = min(masks, num_masks)
+  # A small ladder of shapes: fewer masks than a full call round up to a power of two, so the baseline (1),
+  # validation curves (k + 1) and single-head checks reuse a handful of compiled shapes whatever k is.
+  masks = min(masks, bucket_pow2(num_masks))
   if num_masks >= data_parallel:
     masks = max(data_parallel, masks // data_parallel * data_parallel)
   targets = bucket_pow2(max_targets)

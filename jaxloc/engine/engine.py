@@ -158,7 +158,8 @@ class Engine:
     prefix = mesh_lib.put(lay.prefix, mesh_lib.replicated(self.mesh)) if len(lay.prefix) else None
     chunks = [tuple(mesh_lib.put(a, row_sharding) for a in (c.tokens, c.positions, c.target_pos,
                                                            c.target_ids, c.target_valid)) for c in lay.chunks]
-    for begin in range(0, len(masks), per_call):
+    def dispatch(begin: int):
+      """Starts one batch of masks on the devices (asynchronously) and returns its handles."""
       start = time.perf_counter()
       batch = masks[begin:begin + per_call]
       real = len(batch)
@@ -167,6 +168,10 @@ class Engine:
       head_mask = mesh_lib.put(batch.astype(self.dtype), mask_sharding)
       context = self._prefix_fn(self.params, head_mask, fill, prefix) if prefix is not None else None
       results = [self._score_fn(self.params, head_mask, fill, context, *arrays) for arrays in chunks]
+      return begin, real, results, time.perf_counter() - start
+
+    def collect(begin: int, real: int, results, seconds: float):
+      start = time.perf_counter()
       logprob = np.zeros((per_call, lay.num_requests), np.float32)
       is_greedy = np.zeros((per_call, lay.num_requests), bool)
       for chunk, (lp, greedy) in zip(lay.chunks, results):
@@ -177,8 +182,16 @@ class Engine:
       self.stats.mask_evaluations += real
       self.stats.tokens += real * lay.tokens_per_mask
       self.stats.padded_tokens += per_call * lay.padded_tokens_per_mask
-      self.stats.seconds += time.perf_counter() - start
-      yield slice(begin, begin + real), ScoreOutputs(logprob[:real], is_greedy[:real], lay.num_targets)
+      self.stats.seconds += seconds + time.perf_counter() - start
+      return slice(begin, begin + real), ScoreOutputs(logprob[:real], is_greedy[:real], lay.num_targets)
+
+    # The next batch is dispatched before the caller gets (and saves) the previous one, so the devices never
+    # wait for the host's bookkeeping.
+    pending = dispatch(0)
+    for begin in range(per_call, len(masks) + per_call, per_call):
+      following = dispatch(begin) if begin < len(masks) else None
+      yield collect(*pending)
+      pending = following
 
   def score(self, requests: Sequence[ScoringRequest], head_masks, head_fill=None,
             progress: Callable[[int], None] | None = None) -> ScoreOutputs:
@@ -319,19 +332,21 @@ class Engine:
     if weights.shape != (len(requests),):
       raise UserError(f"need one weight per request ({len(requests)}), got {weights.shape}")
     c = self.config
-    ones = jnp.ones((1, c.num_layers, c.num_heads), self.dtype)
-    prefix = jnp.asarray(lay.prefix) if len(lay.prefix) else None
+    replicated = mesh_lib.replicated(self.mesh)
+    ones = mesh_lib.put(np.ones((1, c.num_layers, c.num_heads), self.dtype), replicated)
+    prefix = mesh_lib.put(lay.prefix, replicated) if len(lay.prefix) else None
     fill = self._fill(head_fill)
     total = np.zeros((c.num_layers, c.num_heads), np.float64)
     for chunk in lay.chunks:
       rows = chunk.index >= 0
       chunk_weights = np.zeros(len(chunk.index), np.float32)
       chunk_weights[rows] = weights[chunk.index[rows]]
-      grad = self._mask_grad_fn(self.params, ones, fill, prefix, jnp.asarray(chunk.tokens),
-                                jnp.asarray(chunk.positions), jnp.asarray(chunk.target_pos),
-                                jnp.asarray(chunk.target_ids), jnp.asarray(chunk.target_valid),
-                                jnp.asarray(chunk_weights))
-      total += np.asarray(grad[0], np.float64)
+      split = len(chunk.index) % self.data_parallel == 0  # request rows over the data axis when they divide
+      arrays = [mesh_lib.put(a, mesh_lib.data_sharding(self.mesh, a.ndim) if split else replicated)
+                for a in (chunk.tokens, chunk.positions, chunk.target_pos, chunk.target_ids, chunk.target_valid,
+                          chunk_weights)]
+      grad = self._mask_grad_fn(self.params, ones, fill, prefix, *arrays)
+      total += np.asarray(mesh_lib.to_host(grad)[0], np.float64)
     return total
 
   # -- mean ablation --------------------------------------------------------------------------
@@ -354,7 +369,9 @@ class Engine:
         seq = tokenized.sequences[i]
         tokens[0, row, :len(seq)] = seq
         valid[0, row, :len(seq)] = True
-      total += np.asarray(self._head_sums_fn(self.params, jnp.asarray(tokens), jnp.asarray(valid)), np.float64)
+      replicated = mesh_lib.replicated(self.mesh)
+      sums = self._head_sums_fn(self.params, mesh_lib.put(tokens, replicated), mesh_lib.put(valid, replicated))
+      total += np.asarray(mesh_lib.to_host(sums), np.float64)
       count += int(valid.sum())
     return (total / count).reshape(c.num_layers, c.num_heads, c.head_dim).astype(np.float32)
 

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxloc.errors import UserError
-from jaxloc.heads import head_name, parse_head
+from jaxloc.heads import parse_head
 
 DESIGN_KINDS = ("bernoulli", "stratified", "single_head")
 
@@ -35,26 +35,7 @@ ExcludeLike = Sequence[int] | Sequence[str] | Sequence[tuple[int, int]] | np.nda
 
 
 # ------------------------------------------------------------------------------------------------
-# Head names and layout.
-
-
-def head_names(num_layers: int, num_heads: int) -> list[str]:
-  """Names of all heads in flat order (flat index = layer * num_heads + head)."""
-  return [head_name(l, h) for l in range(num_layers) for h in range(num_heads)]
-
-
-def parse_head_name(name: str, num_layers: int, num_heads: int) -> int:
-  """Flat index of a head named `L{layer}H{head}`; UserError if malformed or out of range."""
-  layer, head = parse_head(name, num_layers, num_heads)
-  return layer * num_heads + head
-
-
-def flatten_design(masks: np.ndarray) -> np.ndarray:
-  """bool [masks, layers, heads] -> bool [masks, heads_total] (row-major)."""
-  masks = np.asarray(masks)
-  if masks.ndim != 3:
-    raise UserError(f"expected a design of shape [masks, layers, heads], got shape {masks.shape}")
-  return masks.reshape(masks.shape[0], -1)
+# Layout.
 
 
 def unflatten_design(masks: np.ndarray, num_layers: int, num_heads: int) -> np.ndarray:
@@ -89,7 +70,8 @@ def excluded_heads(exclude: ExcludeLike, num_heads_total: int,
   num_layers = num_heads_total // num_heads
   for item in items:
     if isinstance(item, str):
-      index = parse_head_name(item, num_layers, num_heads)
+      layer, head = parse_head(item, num_layers, num_heads)
+      index = layer * num_heads + head
     elif isinstance(item, (tuple, list)) and len(item) == 2:
       layer, head = int(item[0]), int(item[1])
       if not (0 <= layer < num_layers and 0 <= head < num_heads):
@@ -254,9 +236,3 @@ def make_design(kind: str, num_layers: int, num_heads: int, *, num_masks: int | 
   else:
     raise UserError(f"unknown design {kind!r}; valid designs are {', '.join(DESIGN_KINDS)}")
   return unflatten_design(flat, num_layers, num_heads)
-
-
-def ablation_counts(design: np.ndarray) -> np.ndarray:
-  """int [heads_total] (or [layers, heads]): how many masks ablate each head."""
-  design = np.asarray(design)
-  return design.sum(axis=0)

@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
 
 import numpy as np
 
+from jaxloc import files
 from jaxloc.errors import UserError
+from jaxloc.localize.methods.base import Measured
 
 MEASUREMENTS = "measurements.npz"
 RUN_SETTINGS = "run.json"
 
 
-class MeasurementStore:
-  """Append-only masks and their metrics, persisted after every `append`."""
+class MeasurementStore(Measured):
+  """Append-only masks and their metrics (a `Measured` that plans read), persisted after every `append`."""
 
   def __init__(self, output_dir: str, settings: dict[str, Any], metric: str, num_layers: int, num_heads: int):
     self.output_dir = output_dir
@@ -43,13 +44,6 @@ class MeasurementStore:
   def path(self) -> str:
     return os.path.join(self.output_dir, MEASUREMENTS)
 
-  def __len__(self) -> int:
-    return len(self.masks)
-
-  @property
-  def scores(self) -> np.ndarray:
-    return self.metrics.get(self.metric, np.zeros((0,), np.float64))
-
   @property
   def baseline(self) -> float | None:
     return self.baselines.get(self.metric)
@@ -64,7 +58,7 @@ class MeasurementStore:
         details = "; ".join(f"--{k}: saved {stored.get(k)!r}, now {self.settings.get(k)!r}" for k in differing)
         raise UserError(f"{self.output_dir} holds measurements made with other settings ({details}); rerun with "
                         "the same flags to resume, or choose another --output_dir")
-    _atomic_write_json(path, self.settings)
+    files.write_json(path, self.settings)
 
   def _load(self) -> None:
     if not os.path.exists(self.path):
@@ -101,27 +95,4 @@ class MeasurementStore:
               "baseline": np.float64(self.baseline if self.baseline is not None else np.nan)}
     arrays.update({f"metric_{k}": v for k, v in self.metrics.items()})
     arrays.update({f"baseline_{k}": np.float64(v) for k, v in self.baselines.items()})
-    fd, tmp = tempfile.mkstemp(dir=self.output_dir, suffix=".npz.tmp")
-    with os.fdopen(fd, "wb") as f:
-      np.savez(f, **arrays)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, self.path)
-
-
-def _atomic_write_json(path: str, payload: Any) -> None:
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".json.tmp")
-  with os.fdopen(fd, "w") as f:
-    json.dump(payload, f, indent=2, default=_jsonable)
-  os.replace(tmp, path)
-
-
-def _jsonable(value):
-  if isinstance(value, np.generic):
-    return value.item()
-  if isinstance(value, np.ndarray):
-    return value.tolist()
-  raise TypeError(f"not JSON serializable: {type(value).__name__}")
-
-
-write_json = _atomic_write_json
+    files.save_arrays(self.path, arrays)

@@ -9,27 +9,12 @@ among the top candidates, reported apart, and left out of the top-k (the paper f
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 from typing import Any, Sequence
 
 import numpy as np
 
 from jaxloc.heads import head_name
-from jaxloc.tasks import evaluation
-from jaxloc.tasks.base import Doc, Task
-
-log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class EvalSet:
-  """A task with its documents, ready to evaluate under masks."""
-
-  name: str
-  task: Task
-  docs: list[Doc]
-  head_fill: np.ndarray | None = None
+from jaxloc.tasks.evaluation import Evaluator
 
 
 def relative_drop(baseline: float, values: np.ndarray) -> np.ndarray:
@@ -48,9 +33,9 @@ def _cumulative_masks(ranking: Sequence[int], top_k: int, num_layers: int, num_h
   return masks.reshape(top_k + 1, num_layers, num_heads)
 
 
-def single_head_drops(engine, candidates: Sequence[int], eval_sets: Sequence[EvalSet]) -> np.ndarray:
+def single_head_drops(candidates: Sequence[int], eval_sets: Sequence[Evaluator]) -> np.ndarray:
   """Relative drop [candidates, eval sets] of each set's default metric with one candidate ablated."""
-  c = engine.config
+  c = eval_sets[0].engine.config
   drops = np.zeros((len(candidates), len(eval_sets)))
   if not candidates:
     return drops
@@ -60,20 +45,20 @@ def single_head_drops(engine, candidates: Sequence[int], eval_sets: Sequence[Eva
   masks = masks.reshape(-1, c.num_layers, c.num_heads)
   for j, eval_set in enumerate(eval_sets):
     metric = eval_set.task.default_metric
-    values = evaluation.run(engine, eval_set.task, eval_set.docs, masks, head_fill=eval_set.head_fill)[metric]
+    values = eval_set.run(masks)[metric]
     drops[:, j] = relative_drop(float(values[0]), values[1:])
   return drops
 
 
-def find_universal_heads(engine, candidates: Sequence[int], target: EvalSet, general: Sequence[EvalSet],
+def find_universal_heads(candidates: Sequence[int], target: Evaluator, general: Sequence[Evaluator],
                          threshold: float) -> tuple[list[int], dict[str, dict[str, float]]]:
   """Candidates whose ablation alone drops every general task by ≥ threshold (relative).
 
   Returns them and, per candidate, its single-head drop on the target and on every general task.
   """
-  c = engine.config
+  c = target.engine.config
   eval_sets = [target, *general]
-  drops = single_head_drops(engine, candidates, eval_sets)
+  drops = single_head_drops(candidates, eval_sets)
   universal = []
   if general:
     universal = [int(h) for h, row in zip(candidates, drops[:, 1:])
@@ -83,12 +68,12 @@ def find_universal_heads(engine, candidates: Sequence[int], target: EvalSet, gen
   return universal, detail
 
 
-def ablation_curve(engine, ranking: Sequence[int], top_k: int, target: EvalSet, general: Sequence[EvalSet]
+def ablation_curve(ranking: Sequence[int], top_k: int, target: Evaluator, general: Sequence[Evaluator]
                    ) -> dict[str, Any]:
   """Task and general-task metrics with the top-1..k heads ablated (k = 0 is the unablated model)."""
-  c = engine.config
+  c = target.engine.config
   masks = _cumulative_masks(ranking, top_k, c.num_layers, c.num_heads)
-  task_metrics = evaluation.run(engine, target.task, target.docs, masks, head_fill=target.head_fill)
+  task_metrics = target.run(masks)
   result: dict[str, Any] = {
       "heads": [head_name(*divmod(int(h), c.num_heads)) for h in ranking[:top_k]],
       "k": list(range(top_k + 1)),
@@ -99,7 +84,7 @@ def ablation_curve(engine, ranking: Sequence[int], top_k: int, target: EvalSet, 
   }
   for eval_set in general:
     metric = eval_set.task.default_metric
-    values = evaluation.run(engine, eval_set.task, eval_set.docs, masks, head_fill=eval_set.head_fill)[metric]
+    values = eval_set.run(masks)[metric]
     result["general"][eval_set.name] = {"metric": metric, "scores": np.asarray(values, float).tolist(),
                                         "relative_drop": relative_drop(float(values[0]), values).tolist()}
   return result

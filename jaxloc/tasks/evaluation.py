@@ -11,12 +11,14 @@ The engine is used through `engine.tokenizer`, `engine.score(requests, head_mask
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+import dataclasses
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 from jaxloc.engine.requests import GenerationRequest, ScoringRequest
+from jaxloc.errors import UserError
 from jaxloc.tasks.base import Doc, Task
 
 # Generation has no engine-side mask batches to report; this many masks go per generate call.
@@ -108,3 +110,57 @@ def mean_ablation_values(engine, task: Task, docs: Sequence[Doc], *, tokenizer=N
   """head_fill for mean ablation: each head's mean output [layers, heads, head_dim] over the
   tokens of this task's requests on `docs`, with nothing ablated."""
   return engine.head_means(reference_requests(_requests(engine, task, docs, tokenizer)))
+
+
+def load_task(name: str, options: dict[str, Any] | None = None, *, num_samples: int | None, seed: int,
+              data_dir: str | None) -> tuple[Task, list[Doc]]:
+  """A registered or custom task and its seeded document subset; needs no model, so a bad task name, a
+  missing dataset file or a malformed line is reported before any model loads."""
+  from jaxloc.tasks.registry import get_task
+
+  task = get_task(name, **(options or {}))
+  return task, task.load_docs(num_samples=num_samples, seed=seed, data_dir=data_dir)
+
+
+@dataclasses.dataclass
+class Evaluator:
+  """A task on its documents, with its mean-ablation fill, run under masks by one engine: the one way
+  localization, validation, `experiments.evaluate` and the benchmarks evaluate a task.
+
+  Masks given to `run`/`batches` are keep-masks (1 keep, 0 ablate), float [masks, layers, heads].
+  """
+
+  engine: Any
+  name: str
+  task: Task
+  docs: list[Doc]
+  head_fill: np.ndarray | None = None
+
+  @classmethod
+  def build(cls, engine, name: str, task: Task, docs: Sequence[Doc], ablation: str = "zero") -> "Evaluator":
+    fill = mean_ablation_values(engine, task, docs) if ablation == "mean" else None
+    return cls(engine, name, task, list(docs), fill)
+
+  def run(self, keep, *, progress: bool = False) -> dict[str, np.ndarray]:
+    return run(self.engine, self.task, self.docs, keep, head_fill=self.head_fill, progress=progress)
+
+  def batches(self, keep) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
+    return run_batches(self.engine, self.task, self.docs, keep, head_fill=self.head_fill)
+
+  def first_order_change(self) -> np.ndarray:
+    """[N] first-order score change of ablating each head: -d(log-probability)/d(keep mask) at the
+    unablated model, one backward pass. For multiple choice, the gold choice's log-likelihood (the
+    choices compete; their sum does not)."""
+    if self.task.output_type != "loglikelihood":
+      raise UserError(f"the mask gradient needs a scored (loglikelihood) task; {self.name} is a generation "
+                      "task: use cs_stratified, two_stage or one_shot_greedy")
+    from jaxloc.tasks.loglikelihood import MultipleChoiceTask, choice_layout
+
+    requests = _requests(self.engine, self.task, self.docs, None)
+    weights = None
+    if isinstance(self.task, MultipleChoiceTask):
+      request_index, _, gold = choice_layout(self.docs)
+      weights = np.zeros(len(requests))
+      weights[request_index[np.arange(len(gold)), gold]] = 1.0 / len(gold)
+    grad = self.engine.mask_gradient(requests, weights, head_fill=self.head_fill)
+    return -np.asarray(grad, np.float64).reshape(-1)

@@ -40,7 +40,7 @@ def test_mask_batch_equals_masks_one_at_a_time(tiny_model):
   requests = few_shot_requests(7, seed=1)
   masks = random_masks(tiny_model.config, 6, seed=1)
   engine = Engine(tiny_model, tokens_per_batch=100_000)
-  assert engine.masks_per_call(requests, len(masks)) == 6
+  assert engine.masks_per_call(requests, len(masks)) == 8  # 6 masks ride one call, padded to the ladder's 8
   batched = engine.score(requests, masks)
   one_at_a_time = Engine(tiny_model)
   single = np.stack([one_at_a_time.score(requests, m[None]).logprob[0] for m in masks])
@@ -145,3 +145,17 @@ def test_request_chunks_are_balanced(tiny_model):
   sizes = [int((c.index >= 0).sum()) for c in layout.chunks]
   assert len(sizes) > 1 and max(sizes) - min(sizes) <= 1
   assert all(c.tokens.shape[0] == layout.chunks[0].tokens.shape[0] for c in layout.chunks)
+
+
+def test_masks_per_call_come_from_a_small_ladder(tiny_model):
+  """Fewer masks than a full call round up to a power of two (capped at the full call), so a run's baseline,
+  validation curves and single-head checks reuse a few compiled shapes whatever their counts."""
+  from jaxloc.engine import batching
+
+  plans = {m: batching.plan_scoring(tiny_model.config, num_masks=m, num_requests=10, mean_seq=8.0, max_seq=8,
+                                    context=0, max_targets=2, dtype_bytes=4, tokens_per_batch=80 * 24,
+                                    memory_budget=1 << 30).masks_per_call for m in range(1, 40)}
+  full = plans[39]
+  assert full == 24
+  assert set(plans.values()) == {1, 2, 4, 8, 16, 24}
+  assert all(plans[m] >= min(m, full) for m in plans)

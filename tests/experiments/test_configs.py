@@ -7,7 +7,8 @@ import pytest
 from absl import flags
 
 import experiments.localize  # noqa: F401 - defines the flags
-from jaxloc.localize.run import LocalizeSettings
+from jaxloc import cli
+from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.models.loading import ALIASES, resolve
 from jaxloc.tasks.registry import get_task
 from tests.experiments.conftest import ROOT
@@ -31,9 +32,9 @@ def test_flagfile_parses_into_valid_settings(path):
     task = get_task(FLAGS.task)
     metric = FLAGS.metric or task.default_metric
     assert metric in task.metric_names
-    LocalizeSettings(model=FLAGS.model, task=FLAGS.task, output_dir=FLAGS.output_dir, method=FLAGS.method,
-                     num_masks=FLAGS.num_masks, ablation_rate=FLAGS.ablation_rate,
-                     lasso_alpha=FLAGS.lasso_alpha, top_k=FLAGS.top_k).check()
+    settings = cli.settings_from_flags(LocalizeSettings)
+    settings.check()
+    assert (settings.task, settings.method, settings.num_masks) == (FLAGS.task, FLAGS.method, FLAGS.num_masks)
     for name in FLAGS.general_tasks:
       get_task(name)
     if FLAGS.model in ALIASES:
@@ -44,3 +45,16 @@ def test_flagfile_parses_into_valid_settings(path):
       assert "python -m experiments.localize --flagfile=" in f.read()  # the command that runs it
   finally:
     FLAGS.unparse_flags()
+
+
+def test_flags_and_settings_share_one_default():
+  """Every LocalizeSettings field is a flag whose default is the field's default (one source of truth)."""
+  import dataclasses
+
+  FLAGS = flags.FLAGS
+  for field in dataclasses.fields(LocalizeSettings):
+    default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+    flag = FLAGS[field.name].default
+    if isinstance(default, dict):
+      default = [f"{k}={v}" for k, v in default.items()]
+    assert flag == default, field.name

@@ -52,6 +52,7 @@ def test_run_writes_every_output(tiny_model_dir, capitals_jsonl, tmp_path):
     assert data["masks"].shape == (24, 3, 4) and data["masks"].dtype == bool and data["scores"].shape == (24,)
     assert np.isfinite(float(data["baseline"]))
   assert np.load(os.path.join(out, "coefficients.npy")).shape == (3, 4)
+  assert heads["engine"]["compilations"] > 0 and heads["engine"]["seconds_per_mask"] > 0
   assert "rank" in proc.stdout
 
 
@@ -91,7 +92,6 @@ def test_resume_after_kill_loses_and_remeasures_nothing(tiny_model_dir, capitals
     (["--method=magic"], "method"),
     (["--lasso_alpha=abc"], "lasso_alpha"),
     (["--exclude_heads=L9H9"], "out of range"),
-    (["--metric=bleu"], "--metric=bleu"),
     (["--method=two_stage", "--num_masks=2"], "≥ 3 for two_stage"),
     (["--method=two_stage", "--screen_fraction=1.0"], "screen_fraction"),
 ])
@@ -99,3 +99,11 @@ def test_bad_flags_exit_2(tiny_model_dir, capitals_jsonl, tmp_path, extra, messa
   proc = run_cli("experiments.localize", *_args(tiny_model_dir, capitals_jsonl, str(tmp_path / "o"), *extra))
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_task_errors_come_before_the_model_loads(capitals_jsonl, tmp_path):
+  """A missing model would fail the load; the bad metric and the unknown general task are reported first."""
+  for extra, message in [(["--metric=bleu"], "--metric=bleu"), (["--general_tasks=counting,nope"], "nope")]:
+    proc = run_cli("experiments.localize", *_args(str(tmp_path / "no_such_model"), capitals_jsonl,
+                                                   str(tmp_path / "o"), *extra))
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]

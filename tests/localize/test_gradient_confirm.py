@@ -1,6 +1,6 @@
 """gradient_confirm: screen heads by the mask gradient, confirm the top candidates by single-head ablation.
 
-Unit tests of its mask source and ranking, and a localization run on a tiny random Llama (resume included).
+Unit tests of its plan and ranking, and a localization run on a tiny random Llama (resume included).
 """
 
 import json
@@ -10,45 +10,43 @@ import numpy as np
 import pytest
 
 from jaxloc.localize import methods
+from tests.localize import helpers
+
+CHANGE = np.array([0.0, -3.0, -1.0, -5.0, 0.5, -2.0])  # first-order change of ablating each head
+
+
+def _plan(excluded=()):
+  return methods.get("gradient_confirm").plan(helpers.settings("gradient_confirm", num_masks=3),
+                                              helpers.context(2, 3, excluded=excluded, gradient=CHANGE))
 
 
 def test_candidates_are_the_most_negative_first_order_changes_without_excluded_heads():
-  change = np.array([0.0, -3.0, -1.0, -5.0, 0.5, -2.0])
-  excluded = np.array([False, False, False, True, False, False])
-  source = methods.make_source("gradient_confirm", 2, 3, num_masks=3, ablation_rate=0.1, seed=0,
-                               exclude=["L1H0"], rounds=5, gradient_change=change)
-  assert source.candidates.tolist() == [1, 5, 2]  # head 3 is excluded
-  assert source.expected_total() == 3
-  todo = source.next_masks(np.zeros((0, 2, 3), bool), np.zeros(0))
-  assert todo.shape == (3, 2, 3) and todo.reshape(3, 6).argmax(axis=1).tolist() == [1, 5, 2]
+  plan = _plan(excluded=[3])
+  assert plan.expected_total() == 3
+  todo = plan.design
+  assert todo.shape == (3, 2, 3) and todo.reshape(3, 6).argmax(axis=1).tolist() == [1, 5, 2]  # head 3 excluded
   assert np.all(todo.reshape(3, 6).sum(axis=1) == 1)
-  assert source.next_masks(todo, np.zeros(3)) is None
-  assert excluded[3] and not todo.reshape(3, 6)[:, 3].any()
 
 
 def test_ranking_is_confirmed_change_with_log_probability_tie_break_then_gradient_order():
-  change = np.array([0.0, -3.0, -1.0, -5.0, 0.5, -2.0])
-  source = methods.make_source("gradient_confirm", 2, 3, num_masks=3, ablation_rate=0.1, seed=0, exclude=[],
-                               rounds=5, gradient_change=change)
-  measured = source.design  # heads 3, 1, 5
-  accuracy = np.array([0.7, 0.5, 0.5])  # heads 1 and 5 tie on accuracy ...
-  logprob_change = np.array([-0.1, -0.2, -0.9])  # ... and head 5 loses more log-probability
-  ranking, values = methods.greedy_result(source, "gradient_confirm", measured, accuracy, 0.9, [logprob_change])
-  assert ranking[:3].tolist() == [5, 1, 3]
-  assert ranking[3:].tolist() == [2, 0, 4]  # unconfirmed, in gradient order
-  np.testing.assert_allclose(values[[3, 1, 5]], [-0.2, -0.4, -0.4])
-  assert values[[0, 2, 4]].tolist() == [0.0, 0.0, 0.0]
+  plan = _plan()  # confirms heads 3, 1, 5
+  accuracy = {3: 0.7, 1: 0.5, 5: 0.5}  # heads 1 and 5 tie on accuracy ...
+  logprob = {3: -0.1, 1: -0.2, 5: -0.9}  # ... and head 5 loses more log-probability
+  fns = {"accuracy": lambda flat: np.where(flat.any(1), [accuracy.get(h, 0.9) for h in flat.argmax(1)], 0.9),
+         "logprob": lambda flat: np.where(flat.any(1), [logprob.get(h, 0.0) for h in flat.argmax(1)], 0.0)}
+  ranking = plan.rank(helpers.drive(plan, fns, 2, 3))
+  assert ranking.order[:3].tolist() == [5, 1, 3]
+  assert ranking.order[3:].tolist() == [2, 0, 4]  # unconfirmed, in gradient order
+  np.testing.assert_allclose(ranking.values[[3, 1, 5]], [-0.2, -0.4, -0.4])
+  assert ranking.values[[0, 2, 4]].tolist() == [0.0, 0.0, 0.0]
 
 
 def test_one_shot_greedy_breaks_accuracy_ties_by_the_other_metric():
-  source = methods.make_source("one_shot_greedy", 1, 4, num_masks=0, ablation_rate=0.1, seed=0, exclude=[], rounds=5)
-  measured = source.design
   scores = np.array([0.8, 0.6, 0.6, 0.9])
-  ranking, _ = methods.greedy_result(source, "one_shot_greedy", measured, scores, 0.9)
-  assert ranking.tolist() == [1, 2, 0, 3]  # without a tie-break: head order
-  ranking, _ = methods.greedy_result(source, "one_shot_greedy", measured, scores, 0.9,
-                                     [np.array([-0.1, -0.2, -0.5, 0.0])])
-  assert ranking.tolist() == [2, 1, 0, 3]
+  fns = {"accuracy": lambda flat: np.where(flat.any(1), scores[flat.argmax(1)], 0.9),
+         "logprob": lambda flat: np.where(flat.any(1), np.array([-0.1, -0.2, -0.5, 0.0])[flat.argmax(1)], 0.0)}
+  _, _, ranking = helpers.run("one_shot_greedy", fns, 1, 4)
+  assert ranking.order.tolist() == [2, 1, 0, 3]  # without the tie-break: 1 before 2
 
 
 def test_localize_with_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
@@ -80,4 +78,4 @@ def test_localize_with_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
 
   with pytest.raises(UserError, match="num_masks"):
     localize(engine, LocalizeSettings(**dict(settings, num_masks=5)), progress=False)
-  assert json.load(open(os.path.join(out, "heads.json")))["solver"]["confirmed_heads"] == 4
+  assert json.load(open(os.path.join(out, "heads.json")))["solver"]["measured_heads"] == 4

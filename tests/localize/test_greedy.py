@@ -5,19 +5,12 @@ import numpy as np
 import pytest
 
 from jaxloc.localize import methods
+from tests.localize import helpers
 
 
-def _run(source, score_fn, tie_fn=None):
-  """Drives a mask source to the end with a scoring function of the flat masks."""
-  measured = np.zeros((0,) + (source.num_layers, source.num_heads), bool)
-  scores, ties = np.zeros(0), np.zeros(0)
-  while (todo := source.next_masks(measured, scores, [ties] if tie_fn else ())) is not None:
-    flat = todo.reshape(len(todo), -1)
-    measured = np.concatenate([measured, todo])
-    scores = np.concatenate([scores, score_fn(flat)])
-    if tie_fn:
-      ties = np.concatenate([ties, tie_fn(flat)])
-  return measured, scores, ties
+def _run(score, logprob=None, **options):
+  fns = {"accuracy": score, "logprob": logprob or (lambda flat: np.zeros(len(flat)))}
+  return helpers.run("greedy", fns, 2, 3, **options)
 
 
 def test_rounds_choose_the_worst_head_given_the_heads_already_chosen():
@@ -25,28 +18,27 @@ def test_rounds_choose_the_worst_head_given_the_heads_already_chosen():
   def score(flat):
     return 1.0 - 0.5 * flat[:, 1] - 0.3 * (flat[:, 1] & flat[:, 2]) - 0.2 * flat[:, 3]
 
-  source = methods.make_source("greedy", 2, 3, num_masks=0, ablation_rate=0.1, seed=0, exclude=["L0H0"], rounds=3)
-  assert source.expected_total() == 5 + 4 + 3  # head 0 is excluded
-  measured, scores, _ = _run(source, score)
-  assert len(measured) == 12 and not measured[:, 0, 0].any()
-  chosen, rounds, todo = source.replay(measured, scores)
+  ctx = helpers.context(2, 3, excluded=[0])
+  plan = methods.get("greedy").plan(helpers.settings("greedy", top_k=3), ctx)
+  assert plan.expected_total() == 5 + 4 + 3  # head 0 is excluded
+  measured = helpers.drive(plan, {"accuracy": score, "logprob": lambda flat: np.zeros(len(flat))}, 2, 3)
+  assert len(measured) == 12 and not measured.masks[:, 0, 0].any()
+  chosen, _, todo = plan.replay(measured)
   assert todo is None and chosen == [1, 2, 3]
   # Every later round's masks keep the chosen heads ablated.
-  assert measured[5:].reshape(7, -1)[:, 1].all() and measured[9:].reshape(3, -1)[:, 2].all()
-  ranking, change = methods.greedy_result(source, "greedy", measured, scores, 1.0)
-  assert ranking[:3].tolist() == [1, 2, 3]
-  assert change[1] == pytest.approx(-0.5) and change[2] == pytest.approx(-0.3)  # marginal when chosen
+  assert measured.masks[5:].reshape(7, -1)[:, 1].all() and measured.masks[9:].reshape(3, -1)[:, 2].all()
+  ranking = plan.rank(measured)
+  assert ranking.order[:3].tolist() == [1, 2, 3]
+  assert ranking.values[1] == pytest.approx(-0.5) and ranking.values[2] == pytest.approx(-0.3)  # when chosen
 
 
 def test_a_resumed_run_asks_only_for_the_rest_of_its_round():
   def score(flat):
     return 1.0 - flat @ np.array([0.0, 0.5, 0.1, 0.3, 0.2, 0.05])
 
-  source = methods.make_source("greedy", 2, 3, num_masks=0, ablation_rate=0.1, seed=0, exclude=[], rounds=2)
-  measured, scores, _ = _run(source, score)
-  assert source.replay(measured, scores)[0] == [1, 3]
-  rest = source.next_masks(measured[:8], scores[:8])
-  np.testing.assert_array_equal(rest, measured[8:])
+  plan, measured, ranking = _run(score, top_k=2)
+  assert ranking.order[:2].tolist() == [1, 3]
+  np.testing.assert_array_equal(plan.next_masks(measured.rows(slice(0, 8))), measured.masks[8:])
 
 
 def test_ties_at_the_floor_go_to_the_tie_break_metric_not_to_the_lowest_index():
@@ -57,10 +49,8 @@ def test_ties_at_the_floor_go_to_the_tie_break_metric_not_to_the_lowest_index():
   def logprob(flat):
     return -(flat @ np.array([0.1, 0.2, 0.9, 2.0, 0.3, 0.4]))
 
-  source = methods.make_source("greedy", 2, 3, num_masks=0, ablation_rate=0.1, seed=0, exclude=[], rounds=2)
-  measured, scores, ties = _run(source, accuracy, logprob)
-  assert source.replay(measured, scores, [ties])[0] == [3, 2]
-  assert source.replay(measured, scores)[0] == [3, 0]  # without the tie-break: the lowest index
+  _, _, ranking = _run(accuracy, logprob, top_k=2)
+  assert ranking.order[:2].tolist() == [3, 2]  # the lowest index would have been 0
 
 
 def test_localize_with_iterative_greedy_on_a_tiny_model(smollm2, tmp_path):

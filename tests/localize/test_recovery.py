@@ -13,7 +13,8 @@ here would mean a bug, not bad luck.
 import numpy as np
 import pytest
 
-from jaxloc.localize import designs, solver
+from jaxloc.localize import designs, solver, stability
+from jaxloc.localize.methods.base import rank_by
 from jaxloc.localize.synthetic import SyntheticResponse
 
 NUM_HEADS, NUM_MASKS, RATE = 512, 300, 0.1
@@ -32,7 +33,7 @@ def test_cv_lasso_recovers_all_five_planted_heads(kind, seed):
   sim, masks, scores = _measure(kind, seed)
   # The CV choice lies near alpha_max / 20 here; a grid down to alpha_max / 50 covers it cheaply.
   cv = solver.lasso_cv(masks, scores, standardize=True, num_alphas=15, eps=2e-2, seed=seed)
-  top5 = solver.rank_heads(cv.fit.coef)[:5]
+  top5 = rank_by(cv.fit.coef)[:5]
   assert set(top5) == set(sim.true_top_k(5))
   # Coefficients are in accuracy units: the planted ones approximate the true drops (shrunk).
   coef = np.asarray(cv.fit.coef)
@@ -45,14 +46,14 @@ def test_random_scores_recover_nothing():
   sim, masks, scores = _measure("stratified", 0)
   shuffled = np.random.default_rng(0).permutation(scores)
   fit = solver.fit_lasso(masks, shuffled, 0.05, standardize=True)
-  assert len(set(solver.rank_heads(fit.coef)[:5]) & set(sim.planted)) <= 1
+  assert len(set(rank_by(fit.coef)[:5]) & set(sim.planted)) <= 1
 
 
 @pytest.mark.parametrize("penalty_weakness", [None, 0.5])
 def test_stability_selection_separates_planted_from_null_heads(penalty_weakness):
   sim, masks, scores = _measure("stratified", 0)
   alpha_max = float(solver.alpha_grid(masks, scores, 1, standardize=True)[0])
-  result = solver.stability_selection(
+  result = stability.stability_selection(
       masks, scores, alpha_max * np.array([0.3, 0.2]), num_subsamples=50,
       penalty_weakness=penalty_weakness, threshold=0.75, standardize=True, seed=0)
   null = np.setdiff1d(np.arange(NUM_HEADS), sim.planted)
@@ -66,7 +67,7 @@ def test_stability_selection_separates_planted_from_null_heads(penalty_weakness)
   assert result.num_candidates == NUM_HEADS
   assert 0 < result.false_selection_bound() < 1.0
   assert result.false_selection_bound(0.9) < result.false_selection_bound(0.6)
-  again = solver.stability_selection(
+  again = stability.stability_selection(
       masks, scores, alpha_max * np.array([0.3, 0.2]), num_subsamples=50,
       penalty_weakness=penalty_weakness, threshold=0.75, standardize=True, seed=0)
   np.testing.assert_array_equal(result.frequency, again.frequency)

@@ -18,7 +18,8 @@ from sklearn.linear_model import Lasso, LassoCV
 from sklearn.linear_model import lasso_path as sk_lasso_path
 
 from jaxloc.errors import UserError
-from jaxloc.localize import designs, solver
+from jaxloc.localize import crosscheck, designs, solver, stability
+from jaxloc.localize.methods.base import rank_by
 
 TOL = 1e-4
 
@@ -79,7 +80,7 @@ def test_matches_sklearn_lasso(name, standardize):
     intercept = reference.intercept_ * scale + (y.mean() if standardize else 0.0)
     assert float(result.intercept) == pytest.approx(intercept, abs=TOL)
     assert float(result.y_scale) == pytest.approx(scale, rel=1e-5)
-    diff = solver.check_against_sklearn(X, y, alpha, standardize=standardize, result=result)
+    diff = crosscheck.check_against_sklearn(X, y, alpha, standardize=standardize, result=result)
     assert diff < TOL
     nonzeros.append(int(np.sum(reference.coef_ != 0)))
   # The alphas span the sparsity the paper uses (5 to 50 heads).
@@ -89,11 +90,11 @@ def test_matches_sklearn_lasso(name, standardize):
 def test_check_against_sklearn_runs_its_own_fit_and_x64_is_tight():
   X, y = problem("bernoulli_100x512")
   alpha = _alphas_for_nonzeros(X, y, targets=(50,))[0]
-  assert solver.check_against_sklearn(X, y, alpha) < TOL
-  assert solver.check_against_sklearn(X, y, alpha, x64=True) < 1e-7
+  assert crosscheck.check_against_sklearn(X, y, alpha) < TOL
+  assert crosscheck.check_against_sklearn(X, y, alpha, x64=True) < 1e-7
   # A wrong answer is caught: the check measures, it does not just pass.
   wrong = solver.fit_lasso(X, y, alpha * 1.5)
-  assert solver.check_against_sklearn(X, y, alpha, result=wrong) > 10 * TOL
+  assert crosscheck.check_against_sklearn(X, y, alpha, result=wrong) > 10 * TOL
 
 
 @pytest.mark.parametrize("standardize", [False, True])
@@ -107,7 +108,7 @@ def test_nonpositive_matches_sklearn_positive_on_negated_design(standardize):
     assert coef.max() <= 0.0
     reference = _sklearn(-X, target, alpha, positive=True)
     np.testing.assert_allclose(coef, -reference.coef_ * scale, rtol=0, atol=TOL)
-    assert solver.check_against_sklearn(X, y, alpha, nonpositive=True, standardize=standardize,
+    assert crosscheck.check_against_sklearn(X, y, alpha, nonpositive=True, standardize=standardize,
                                         result=result) < TOL
   # The constraint binds: the unconstrained fit has positive coefficients at the same alpha.
   assert np.asarray(solver.fit_lasso(X, y, alpha, standardize=standardize).coef).max() > 0
@@ -238,8 +239,8 @@ def test_standardizing_is_the_same_fit_at_alpha_times_sd():
   standardized = solver.fit_lasso(X, y, alpha, standardize=True)
   plain = solver.fit_lasso(X, y, alpha * y.std())
   np.testing.assert_allclose(standardized.coef, plain.coef, rtol=0, atol=TOL)
-  np.testing.assert_array_equal(solver.rank_heads(standardized.coef)[:5],
-                                solver.rank_heads(plain.coef)[:5])
+  np.testing.assert_array_equal(rank_by(standardized.coef)[:5],
+                                rank_by(plain.coef)[:5])
 
 
 def test_dual_gap_small_at_the_returned_solution():
@@ -251,11 +252,6 @@ def test_dual_gap_small_at_the_returned_solution():
   assert float(early.dual_gap) > float(result.dual_gap)
 
 
-def test_rank_heads_most_negative_first():
-  np.testing.assert_array_equal(solver.rank_heads(np.array([[0.1, -2.0], [-0.5, 0.0]])),
-                                [1, 2, 3, 0])
-
-
 def test_kfold_assignment():
   folds = solver.kfold_assignment(23, 5, seed=0)
   np.testing.assert_array_equal(np.bincount(folds), [5, 5, 5, 4, 4])
@@ -264,9 +260,9 @@ def test_kfold_assignment():
 
 
 def test_false_selection_bound():
-  assert solver.false_selection_bound(10, 500, 0.75) == pytest.approx(100 / (0.5 * 500))
+  assert stability.false_selection_bound(10, 500, 0.75) == pytest.approx(100 / (0.5 * 500))
   with pytest.raises(UserError):
-    solver.false_selection_bound(10, 500, 0.5)
+    stability.false_selection_bound(10, 500, 0.5)
 
 
 def test_bad_arguments_raise_user_error():
@@ -288,8 +284,8 @@ def test_bad_arguments_raise_user_error():
   with pytest.raises(UserError, match="eps"):
     solver.lasso_path(X, y, eps=2.0)
   with pytest.raises(UserError, match="threshold"):
-    solver.stability_selection(X, y, 0.01, threshold=0.4)
+    stability.stability_selection(X, y, 0.01, threshold=0.4)
   with pytest.raises(UserError, match="sample_fraction"):
-    solver.stability_selection(X, y, 0.01, sample_fraction=0.0)
+    stability.stability_selection(X, y, 0.01, sample_fraction=0.0)
   with pytest.raises(UserError, match="penalty_weakness"):
-    solver.stability_selection(X, y, 0.01, penalty_weakness=1.5)
+    stability.stability_selection(X, y, 0.01, penalty_weakness=1.5)

@@ -1,0 +1,402 @@
+"""Measurement efficiency: how many model evaluations each localization method spends to find the heads
+that one-shot greedy finds with one evaluation per head.
+
+Axes: `masks` M, `layers` L, `heads` H, N = L * H heads flattened row-major (flat = layer * H + head);
+`budgets` (fractions of N evaluations), `seeds` (design seeds), `k` (the top-k heads compared).
+
+Every method here is the shipped one: a variant names a registered method (`jaxloc.localize.methods`) and
+changes a few fields of `LocalizeSettings`, whose defaults are `experiments.localize`'s; the variant's plan
+is driven exactly as the runner drives it, with a problem's cached measurements in place of the engine.
+Variant names are tokens joined with '-' (`parse_variant`):
+  <method>           a registered method name (cs_stratified, two_stage, gradient_confirm, ...);
+  accuracy|logprob|acc|acc_norm|exact_match   --metric;   nonpositive   --nonpositive;
+  r<rate>            --ablation_rate;   s<fraction>   --screen_fraction;
+  upto<fraction>     the benchmark's own limit: the largest budget the variant runs at.
+At a budget of B evaluations a method gets --num_masks = B (less the gradient pass, in evaluations, for a
+method that uses the gradient); it runs only if its plan fits the budget.
+
+Ground truth: one-shot greedy over every head (the registered `one_shot_greedy`), for every metric the
+task reports. For each (variant, budget, seed): recall of the ground truth's top-k, for every metric, and
+the score change from ablating the variant's top-k together (one more cached evaluation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jaxloc.bench import diagnostics
+from jaxloc.bench.problems import Problem, measure_gradient, real_problem, synthetic_problem
+from jaxloc.errors import UserError
+from jaxloc.heads import head_name
+from jaxloc.localize import methods
+from jaxloc.localize.methods import Measured, Ranking
+from jaxloc.localize.settings import LocalizeSettings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUDGETS = (0.1, 0.25, 0.5, 1.0)
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
+METRIC_TOKENS = ("accuracy", "logprob", "acc", "acc_norm", "exact_match")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """A registered method with a few settings changed (see the module docstring for the name tokens)."""
+
+  name: str
+  method: str
+  overrides: tuple[tuple[str, Any], ...] = ()
+  max_budget: float = 1.0
+
+  def settings(self, base: LocalizeSettings, num_masks: int, seed: int) -> LocalizeSettings:
+    return dataclasses.replace(base, method=self.method, num_masks=num_masks, seed=seed, **dict(self.overrides))
+
+
+def parse_variant(name: str) -> Variant:
+  """`cs_stratified-logprob-r0.05-nonpositive` -> Variant; UserError naming a bad token."""
+  method, *tokens = name.strip().split("-")
+  if method not in methods.names():
+    raise UserError(f"unknown method {name!r}: it must start with one of {', '.join(methods.names())}")
+  overrides: dict[str, Any] = {}
+  max_budget = 1.0
+  for token in tokens:
+    number = re.fullmatch(r"(r|s|upto)(\d*\.?\d+)", token)
+    if token in METRIC_TOKENS:
+      overrides["metric"] = token
+    elif token == "nonpositive":
+      overrides["nonpositive"] = True
+    elif number:
+      value = float(number.group(2))
+      if not 0 < value <= 1 or (number.group(1) != "upto" and value >= 1):
+        raise UserError(f"method {name!r}: {token!r} must be a fraction in (0, 1)")
+      if number.group(1) == "upto":
+        max_budget = value
+      else:
+        overrides[{"r": "ablation_rate", "s": "screen_fraction"}[number.group(1)]] = value
+    else:
+      raise UserError(f"method {name!r}: unknown token {token!r}; tokens are {', '.join(METRIC_TOKENS)}, "
+                      "nonpositive, r<ablation rate>, s<screen fraction>, upto<largest budget fraction>")
+  return Variant(name.strip(), method, tuple(sorted(overrides.items())), max_budget)
+
+
+def budget_masks(fraction: float, num_total: int) -> int:
+  return max(2, int(round(fraction * num_total)))
+
+
+@dataclasses.dataclass
+class MethodRun:
+  ranking: np.ndarray  # int [N], most important first
+  evaluations: float  # masks measured, plus the gradient pass in evaluations
+  info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def drive(settings: LocalizeSettings, problem: Problem) -> tuple[Measured, Ranking]:
+  """Runs the registered method of `settings` on `problem`, as `localize.run.measure` does on a model."""
+  method = methods.get(settings.method)
+  gradient = (lambda: problem.gradient) if problem.gradient is not None else None
+  context = methods.Context(problem.num_layers, problem.num_heads, np.zeros(problem.num_total, bool), gradient)
+  plan = method.plan(settings, context)
+  metric = settings.metric or problem.headline_metric
+  measured = Measured(np.zeros((0, problem.num_layers, problem.num_heads), bool),
+                      {m: np.zeros((0,)) for m in problem.metric_names}, problem.baseline, metric)
+  while (todo := plan.next_masks(measured)) is not None:
+    values = problem.measure(todo)
+    measured = Measured(np.concatenate([measured.masks, todo]),
+                        {m: np.concatenate([measured.metrics[m], values[m]]) for m in measured.metrics},
+                        problem.baseline, metric)
+  return measured, plan.rank(measured)
+
+
+def run_variant(variant: Variant, problem: Problem, base: LocalizeSettings, budget: int, seed: int
+                ) -> MethodRun | None:
+  """The variant at a budget of `budget` evaluations; None when the budget cannot run it."""
+  method = methods.get(variant.method)
+  cost = 0.0
+  if method.uses_gradient:
+    if problem.gradient is None:
+      return None
+    cost = float(problem.gradient_cost)
+  settings = variant.settings(base, int(math.floor(budget - cost)), seed)
+  try:
+    settings.check()
+  except UserError:
+    return None
+  try:
+    measured, ranking = drive(settings, problem)
+  except UserError as e:  # e.g. every mask of a small design at the accuracy floor: nothing to rank
+    log.warning("%s at %d evaluations, seed %d: %s", variant.name, budget, seed, e)
+    return None
+  if len(measured) + cost > budget + 1e-9:
+    return None
+  info = {k: v for k, v in ranking.facts.items() if np.ndim(v) == 0 and not isinstance(v, dict)}
+  return MethodRun(ranking.order, len(measured) + cost, info)
+
+
+@dataclasses.dataclass
+class GroundTruth:
+  """One-shot greedy on every head: change [metric] -> float [N]; ranking [metric] -> int [N]."""
+
+  change: dict[str, np.ndarray]
+  ranking: dict[str, np.ndarray]
+
+  def top_k(self, metric: str, k: int) -> np.ndarray:
+    return self.ranking[metric][:k]
+
+
+def one_shot_ground_truth(problem: Problem, base: LocalizeSettings) -> GroundTruth:
+  change, ranking = {}, {}
+  for m in problem.metric_names:
+    _, result = drive(dataclasses.replace(base, method="one_shot_greedy", num_masks=problem.num_total, metric=m),
+                      problem)
+    change[m], ranking[m] = result.values, result.order
+  return GroundTruth(change, ranking)
+
+
+def iterative_greedy(problem: Problem, base: LocalizeSettings, k: int) -> dict[str, Any]:
+  """k rounds of the registered iterative greedy on the headline metric."""
+  measured, result = drive(dataclasses.replace(base, method="greedy", top_k=k, metric=problem.headline_metric),
+                           problem)
+  return {"top_k": [int(h) for h in result.order[:k]], "evaluations": int(len(measured))}
+
+
+def recall(ranking: Sequence[int], truth: Sequence[int], k: int) -> float:
+  """|method's top-k ∩ truth's top-k| / k."""
+  if k < 1:
+    raise UserError(f"top_k must be ≥ 1, got {k}")
+  return len(set(np.asarray(ranking[:k]).tolist()) & set(np.asarray(truth[:k]).tolist())) / k
+
+
+def names(problem: Problem, heads: Sequence[int]) -> list[str]:
+  return [head_name(*divmod(int(h), problem.num_heads)) for h in heads]
+
+
+def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings, budgets: Sequence[float],
+          seeds: Sequence[int], k: int, truth: GroundTruth, planted: np.ndarray | None = None,
+          progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+  """One record per (variant, budget, seed) with recall and the top-k ablation change."""
+  runs = []
+  for variant in variants:
+    # Largest budget first: the nested designs of smaller budgets are then served from the cache.
+    for fraction in sorted((b for b in budgets if b <= variant.max_budget + 1e-9), reverse=True):
+      num_masks = budget_masks(fraction, problem.num_total)
+      for seed in seeds:
+        start = time.perf_counter()
+        result = run_variant(variant, problem, base, num_masks, seed)
+        if result is not None:
+          runs.append((variant, fraction, num_masks, seed, result, time.perf_counter() - start))
+    if progress:
+      progress(variant.name)
+  # Every top-k set in one measure call: full engine batches, and coinciding sets cost one evaluation.
+  drops = problem.measure(np.concatenate([problem.joint_mask(r[4].ranking[:k]) for r in runs])) if runs else {}
+  records = []
+  for i, (variant, fraction, num_masks, seed, result, seconds) in enumerate(runs):
+    record = {
+        "method": variant.name, "budget_fraction": fraction, "budget_masks": num_masks, "seed": seed,
+        "evaluations": float(result.evaluations), "top_k": names(problem, result.ranking[:k]),
+        "recall": {m: recall(result.ranking, truth.top_k(m, k), k) for m in problem.metric_names},
+        "top_k_change": {m: float(drops[m][i] - problem.baseline[m]) for m in problem.metric_names},
+        "solve_seconds": seconds, "info": result.info,
+    }
+    if planted is not None:
+      record["recall_planted"] = recall(result.ranking, planted, k)
+    records.append(record)
+  return records
+
+
+def summarize(records: Sequence[dict[str, Any]], metric: str, k: int) -> list[dict[str, Any]]:
+  """Mean and spread over seeds per (method, budget)."""
+  groups: dict[tuple, list[dict[str, Any]]] = {}
+  for r in records:
+    groups.setdefault((r["method"], r["budget_fraction"]), []).append(r)
+  rows = []
+  for (method, fraction), group in groups.items():
+    rec = np.array([r["recall"][metric] for r in group])
+    change = np.array([r["top_k_change"][metric] for r in group])
+    row = {"method": method, "budget_fraction": fraction, "seeds": len(group),
+           "evaluations": float(np.mean([r["evaluations"] for r in group])),
+           "recall_mean": float(rec.mean()), "recall_std": float(rec.std()), "recall_min": float(rec.min()),
+           "recall_max": float(rec.max()), "hits_mean": float(rec.mean() * k),
+           "seeds_with_hits_ge_k_minus_1": int(np.sum(np.round(rec * k) >= k - 1)),
+           "change_mean": float(change.mean()), "change_std": float(change.std())}
+    for m in [m for m in group[0]["recall"] if m != metric]:
+      row[f"recall_mean_{m}"] = float(np.mean([r["recall"][m] for r in group]))
+    if "recall_planted" in group[0]:
+      row["recall_planted_mean"] = float(np.mean([r["recall_planted"] for r in group]))
+    rows.append(row)
+  return sorted(rows, key=lambda r: r["budget_fraction"])
+
+
+@dataclasses.dataclass
+class EfficiencyConfig:
+  """Everything a benchmark run depends on (flags of `experiments.benchmark_efficiency`)."""
+
+  output_dir: str
+  model: str = "smollm2-135m"
+  tasks: Sequence[str] = ("plurals", "arithmetic_1d_4shot")
+  num_samples: int = 100
+  sample_seed: int = 0
+  methods: Sequence[str] = ()  # empty: default_variants()
+  budgets: Sequence[float] = DEFAULT_BUDGETS
+  seeds: Sequence[int] = DEFAULT_SEEDS
+  top_k: int = 5
+  headline_metric: str = "accuracy"
+  iterative_greedy: bool = False
+  noise_floor: bool = True
+  gradient: bool = True
+  # Synthetic mode.
+  synthetic_sizes: Sequence[tuple[int, int]] = ((16, 32), (32, 32))
+  synthetic_planted: int = 10
+  synthetic_interaction_scale: float = 0.5
+
+  def check(self) -> list[Variant]:
+    if self.top_k < 1:
+      raise UserError(f"--top_k={self.top_k} must be ≥ 1")
+    if not self.budgets or any(not 0 < b <= 1 for b in self.budgets):
+      raise UserError(f"--budgets={list(self.budgets)} must be fractions in (0, 1]")
+    if not self.seeds:
+      raise UserError("--seeds must name at least one seed")
+    variants = [parse_variant(m) for m in self.methods]
+    if len({v.name for v in variants}) != len(variants):
+      raise UserError(f"--methods has duplicates: {[v.name for v in variants]}")
+    return variants
+
+  def base_settings(self, task: str) -> LocalizeSettings:
+    """`experiments.localize`'s defaults for this task: the solver, grid and ranking users run."""
+    return LocalizeSettings(model=self.model, task=task, output_dir=self.output_dir, metric=self.headline_metric,
+                            top_k=self.top_k)
+
+
+def default_variants(synthetic: bool = False) -> list[str]:
+  """The paper's two designs, the beyond-paper settings and methods, and the baseline. On a model the lower
+  ablation rate and the Bernoulli design stop at 25% of N (each costs 5 seeds x its masks in model
+  evaluations; the targets are at 10% and 25%); gradient_confirm needs a model."""
+  limit = "0.5" if synthetic else "0.25"
+  names_ = ["one_shot_greedy", "cs_stratified", f"cs_bernoulli-upto{limit}", "cs_stratified-logprob",
+            "cs_stratified-nonpositive", f"cs_stratified-r0.03-upto{limit}", f"cs_stratified-logprob-r0.03-upto{limit}",
+            "two_stage", "two_stage-logprob"]
+  if not synthetic:
+    names_ += ["gradient_confirm"]
+  return names_
+
+
+def ground_truth_report(problem: Problem, truth: GroundTruth, k: int) -> dict[str, Any]:
+  out: dict[str, Any] = {"evaluations": problem.num_total}
+  for m in problem.metric_names:
+    top = truth.top_k(m, k)
+    out[m] = {"top_k": names(problem, top), "names_top10": names(problem, truth.ranking[m][:10]),
+              "single_changes_top10": [float(truth.change[m][h]) for h in truth.ranking[m][:10]]}
+  joint = problem.measure(problem.joint_mask(truth.top_k(problem.headline_metric, k)))
+  out["top_k_change"] = {m: float(joint[m][0] - problem.baseline[m]) for m in problem.metric_names}
+  # How sparse the effects are: heads whose single ablation costs at least this much (headline metric).
+  change = truth.change[problem.headline_metric]
+  scale = abs(problem.baseline[problem.headline_metric]) or 1.0
+  out["heads_with_relative_drop_at_least"] = {f"{q:g}": int(np.sum(change <= -q * scale))
+                                              for q in (0.02, 0.05, 0.1, 0.2)}
+  out["overlap_between_metrics"] = diagnostics.top_k_overlap(truth.ranking[problem.metric_names[0]],
+                                                             truth.ranking[problem.metric_names[-1]], k)
+  return out
+
+
+def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_name: str) -> dict[str, Any]:
+  """The whole benchmark for one task of a real model."""
+  from jaxloc.tasks.evaluation import Evaluator, load_task
+
+  start = time.perf_counter()
+  task, docs = load_task(task_name, num_samples=cfg.num_samples, seed=cfg.sample_seed, data_dir=None)
+  evaluator = Evaluator(engine, task_name, task, docs)
+  common = dict(output_dir=cfg.output_dir, num_samples=cfg.num_samples, sample_seed=cfg.sample_seed,
+                headline_metric=cfg.headline_metric)
+  problem, cache = real_problem(evaluator, cfg.model, part="all", **common)
+  base = cfg.base_settings(task_name)
+  k = cfg.top_k
+  log.info("%s: baseline %s; ground truth (one-shot greedy, %d masks)", task_name, problem.baseline,
+           problem.num_total)
+  truth = one_shot_ground_truth(problem, base)
+  report: dict[str, Any] = {"task": task_name, "model": cfg.model, "num_docs": len(docs),
+                            "num_layers": problem.num_layers, "num_heads": problem.num_heads,
+                            "headline_metric": cfg.headline_metric, "metrics": problem.metric_names,
+                            "baseline": problem.baseline}
+  gradient = measure_gradient(problem) if cfg.gradient else {"available": False}
+  report["gradient"] = gradient
+  report["ground_truth"] = ground_truth_report(problem, truth, k)
+  if gradient.get("available"):
+    by_gradient = methods.base.rank_by(problem.gradient)
+    gradient["spearman_with_greedy"] = {m: diagnostics.spearman(problem.gradient, truth.change[m])
+                                        for m in problem.metric_names}
+    gradient["top_k"] = names(problem, by_gradient[:k])
+    gradient["recall"] = recall(by_gradient, truth.top_k(cfg.headline_metric, k), k)
+  if cfg.iterative_greedy:
+    report["ground_truth"]["iterative_greedy"] = iterative = iterative_greedy(problem, base, k)
+    iterative["names"] = names(problem, iterative["top_k"])
+    iterative["recall_of_one_shot"] = recall(truth.top_k(cfg.headline_metric, k), iterative["top_k"], k)
+  records = sweep(problem, variants, base, cfg.budgets, cfg.seeds, k, truth,
+                  progress=lambda name: log.info("%s: %s done (%s)", task_name, name, cache.counts()))
+  report["records"] = records
+  report["summary"] = summarize(records, cfg.headline_metric, k)
+  if cfg.noise_floor:
+    halves = []
+    for part, subset in (("half0", docs[:len(docs) // 2]), ("half1", docs[len(docs) // 2:2 * (len(docs) // 2)])):
+      half, _ = real_problem(Evaluator(engine, task_name, task, subset), cfg.model, part=part, **common)
+      halves.append(one_shot_ground_truth(half, base))
+    report["noise_floor"] = diagnostics.noise_floor(problem, truth, halves, variants, base, cfg, drive)
+  report["cache"] = cache.counts()
+  report["seconds"] = time.perf_counter() - start
+  return report
+
+
+def run_synthetic(cfg: EfficiencyConfig, variants: Sequence[Variant]) -> list[dict[str, Any]]:
+  """The sweep on synthetic responses at each size; one simulated task per seed (design seed = seed)."""
+  reports = []
+  usable = [v for v in variants if not methods.get(v.method).uses_gradient]
+  for num_layers, num_heads in cfg.synthetic_sizes:
+    start = time.perf_counter()
+    n = num_layers * num_heads
+    records, split, counts = [], [], []
+    for seed in cfg.seeds:
+      problem, cache, response = synthetic_problem(num_layers, num_heads, seed, num_planted=cfg.synthetic_planted,
+                                                   interaction_scale=cfg.synthetic_interaction_scale,
+                                                   headline_metric=cfg.headline_metric,
+                                                   num_samples=cfg.num_samples)
+      base = cfg.base_settings(problem.name)
+      truth = one_shot_ground_truth(problem, base)
+      planted = response.true_top_k(cfg.top_k)
+      split.append(diagnostics.top_k_overlap(truth.ranking[cfg.headline_metric], planted, cfg.top_k))
+      records += sweep(problem, usable, base, cfg.budgets, [seed], cfg.top_k, truth, planted=planted)
+      counts.append(cache.counts())
+      log.info("synthetic N=%d seed %d done (%.0f s so far)", n, seed, time.perf_counter() - start)
+    reports.append({"task": f"synthetic N={n}", "model": "SyntheticResponse", "num_layers": num_layers,
+                    "num_heads": num_heads, "headline_metric": cfg.headline_metric,
+                    "metrics": [cfg.headline_metric] + [m for m in ("accuracy", "logprob") if m != cfg.headline_metric],
+                    "records": records, "summary": summarize(records, cfg.headline_metric, cfg.top_k),
+                    "ground_truth": {"greedy_vs_planted_top_k_overlap": split},
+                    "cache": {key: int(sum(c[key] for c in counts)) for key in ("evaluated", "served_from_cache")},
+                    "seconds": time.perf_counter() - start})
+  return reports
+
+
+def run(cfg: EfficiencyConfig, *, synthetic: bool, engine_factory: Callable[[], Any] | None = None
+        ) -> dict[str, Any]:
+  """The benchmark: synthetic sizes, or each task of cfg.model through the engine engine_factory() builds."""
+  if not cfg.methods:
+    cfg = dataclasses.replace(cfg, methods=default_variants(synthetic))
+  variants = cfg.check()
+  start = time.perf_counter()
+  if synthetic:
+    skipped = [v.name for v in variants if methods.get(v.method).uses_gradient]
+    if skipped:
+      log.info("synthetic mode has no model gradient: skipping %s", ", ".join(skipped))
+    tasks = run_synthetic(cfg, variants)
+  else:
+    if not cfg.tasks:
+      raise UserError("--tasks must name at least one task")
+    engine = engine_factory()
+    tasks = [run_task(engine, cfg, variants, name) for name in cfg.tasks]
+  return {"mode": "synthetic" if synthetic else "model", "config": dataclasses.asdict(cfg), "tasks": tasks,
+          "seconds": time.perf_counter() - start}

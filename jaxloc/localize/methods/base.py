@@ -1,0 +1,213 @@
+"""The protocol every localization method follows, the measurements it sees, and the ranking rule.
+
+Axes: `masks` M, `layers` L, `heads` H; N = L * H heads flattened row-major (flat = layer * H + head).
+Masks are bool (True = ablated); metrics are task scores under each mask (higher = better).
+
+A `Method` is registered once (`methods/__init__.py`). For a run it
+  - checks its settings (`check`, before any model loads),
+  - names the settings its saved measurements depend on (`measurement_settings`; a resume must match),
+  - makes a `Plan` (`plan(settings, context)`): what to measure next given what is measured
+    (`next_masks`, None when done), and how to rank every head from the measurements (`rank`).
+The runner (`localize/run.py`) and the efficiency benchmark (`bench/sweep.py`) drive plans the same
+way and never ask which method they hold. Every plan is resumable: given saved measurements it
+continues where they end (its masks are a function of the settings and the measured scores).
+
+Ranking rule (every method): heads are ordered by their value, most negative first (the Lasso
+coefficient, or the measured score change when ablated alone). Exact ties, including the heads a Lasso
+leaves at zero and heads a method never measured, are broken by measured evidence, in this order: the
+same quantity in the task's other metrics, then the method's screen (for compressed sensing each head's
+marginal effect in the design: mean score of the masks that ablate it minus the mean of those that
+keep it, in each metric; for the confirmation methods the screen's ranking). Only heads with identical
+evidence in every measured quantity (e.g. excluded heads, never ablated) stay in flat order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from jaxloc import files
+from jaxloc.errors import UserError
+
+
+@dataclasses.dataclass
+class Measured:
+  """Masks measured so far and every metric under each: the view a plan decides and ranks from."""
+
+  masks: np.ndarray  # bool [M, L, H]
+  metrics: dict[str, np.ndarray]  # name -> float [M]
+  baselines: dict[str, float]  # name -> unablated score
+  metric: str  # the metric localized
+
+  def __len__(self) -> int:
+    return len(self.masks)
+
+  @property
+  def scores(self) -> np.ndarray:
+    return self.metrics.get(self.metric, np.zeros((0,), np.float64))
+
+  @property
+  def metric_order(self) -> list[str]:
+    """The localized metric, then the others (sorted): the order in which they break ties."""
+    return [self.metric] + sorted(m for m in self.metrics if m != self.metric)
+
+  def changes(self) -> list[np.ndarray]:
+    """Score change from the baseline under each mask, one [M] array per metric in `metric_order`."""
+    return [self.metrics[m] - self.baselines.get(m, 0.0) for m in self.metric_order]
+
+  def rows(self, where: slice) -> "Measured":
+    return Measured(self.masks[where], {k: v[where] for k, v in self.metrics.items()}, self.baselines, self.metric)
+
+  def flat(self) -> np.ndarray:
+    """bool [M, N]."""
+    return self.masks.reshape(len(self.masks), -1)
+
+
+@dataclasses.dataclass
+class Ranking:
+  order: np.ndarray  # int [N], most important head first
+  values: np.ndarray  # float [N]: coefficient or measured change per head (0 where not measured)
+  facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # solver/method facts for heads.json
+
+
+class Plan(Protocol):
+  def next_masks(self, measured: Measured) -> np.ndarray | None:
+    """bool [m, L, H] to measure next, or None when the method has what it needs."""
+
+  def expected_total(self) -> int:
+    """Masks the whole plan measures (for progress bars and cost accounting)."""
+
+  def rank(self, measured: Measured) -> Ranking: ...
+
+
+class Method(Protocol):
+  name: str
+  uses_gradient: bool  # pays one backward pass (the mask gradient) before measuring
+
+  def check(self, settings) -> None:
+    """UserError naming the flag if this method cannot run with `settings`."""
+
+  def measurement_settings(self, settings) -> dict[str, Any]:
+    """The method's own settings that its saved measurements depend on."""
+
+  def plan(self, settings, context: "Context") -> Plan: ...
+
+
+@dataclasses.dataclass
+class Context:
+  """What a plan may ask of the run: the head layout, the excluded heads, the mask gradient, and a place
+  to keep intermediate results (e.g. a screen's coefficients) so that a resumed run decides the same way.
+
+  gradient: () -> float [N], the first-order score change of ablating each head (-d score / d keep).
+  directory: where `remember` keeps arrays across runs (None: in memory, for benchmarks and tests).
+  """
+
+  num_layers: int
+  num_heads: int
+  excluded: np.ndarray  # bool [N]
+  gradient: Callable[[], np.ndarray] | None = None
+  directory: str | None = None
+  _memory: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+  @property
+  def num_total(self) -> int:
+    return self.num_layers * self.num_heads
+
+  def active_heads(self) -> np.ndarray:
+    return np.flatnonzero(~self.excluded)
+
+  def first_order_change(self) -> np.ndarray:
+    if self.gradient is None:
+      raise ValueError("this run provides no mask gradient")
+    return np.asarray(self.remember("gradient", self.gradient), np.float64).reshape(-1)
+
+  def remember(self, name: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    """compute() once per run directory (saved as <name>.npy), or once per Context in memory."""
+    if name in self._memory:
+      return self._memory[name]
+    path = os.path.join(self.directory, f"{name}.npy") if self.directory else None
+    if path and os.path.exists(path):
+      value = np.load(path)
+    else:
+      value = np.asarray(compute())
+      if path:
+        files.save_array(path, value)
+    self._memory[name] = value
+    return value
+
+
+def rank_by(*keys: np.ndarray) -> np.ndarray:
+  """Indices sorted by keys[0] ascending (most negative first), exact ties by keys[1], and so on."""
+  return np.lexsort([np.asarray(k, np.float64) for k in reversed(keys)])
+
+
+def marginal_effects(flat_masks: np.ndarray, scores: np.ndarray) -> np.ndarray:
+  """[N] mean score of the masks that ablate each head minus the mean of those that keep it (0 when a head
+  is always or never ablated): the design's one-variable view of each head."""
+  X = np.asarray(flat_masks, np.float64)
+  y = np.asarray(scores, np.float64)
+  ablated = X.sum(axis=0)
+  kept = len(X) - ablated
+  with np.errstate(invalid="ignore", divide="ignore"):
+    effect = (y @ X) / ablated - (y @ (1 - X)) / kept
+  return np.where((ablated > 0) & (kept > 0), effect, 0.0)
+
+
+def single_head_masks(heads, num_layers: int, num_heads: int) -> np.ndarray:
+  """bool [len(heads), L, H]: mask i ablates heads[i] alone."""
+  heads = np.asarray(heads, np.int64)
+  design = np.zeros((len(heads), num_layers * num_heads), bool)
+  design[np.arange(len(heads)), heads] = True
+  return design.reshape(-1, num_layers, num_heads)
+
+
+def check_prefix(measured: np.ndarray, planned: np.ndarray) -> None:
+  """The saved masks must be the start of what the plan measures."""
+  n = len(measured)
+  if n > len(planned) or not np.array_equal(measured, planned[:n]):
+    raise UserError("the saved measurements do not match the masks this method would measure "
+                    "(the run's settings changed); choose another --output_dir to start over")
+
+
+def remaining(measured: Measured, planned: np.ndarray) -> np.ndarray | None:
+  """The planned masks not measured yet (None when all are), after checking the saved prefix."""
+  check_prefix(measured.masks, planned)
+  rest = planned[len(measured):]
+  return rest if len(rest) else None
+
+
+def single_head_ranking(measured: Measured, screen_order: np.ndarray) -> Ranking:
+  """Rank single-head measurements: each mask ablates one head. Measured heads first, by their change
+  (ties by the other metrics' changes, then screen order); then the unmeasured heads in `screen_order`
+  (a ranking of all heads). Values: measured changes, 0 where not measured."""
+  n = measured.masks.shape[1] * measured.masks.shape[2]
+  heads = measured.flat().argmax(axis=1) if len(measured) else np.zeros((0,), np.int64)
+  position = np.empty(n, np.int64)
+  position[np.asarray(screen_order, np.int64)] = np.arange(n)
+  changes = measured.changes()
+  first = heads[rank_by(*changes, position[heads])] if len(heads) else heads
+  seen = set(first.tolist())
+  order = np.concatenate([first, [h for h in screen_order if int(h) not in seen]]).astype(np.int64)
+  values = np.zeros(n)
+  values[heads] = changes[0]
+  return Ranking(order, values, {"measured_heads": int(len(heads)), "unmeasured_value": "0 (not measured)"})
+
+
+@dataclasses.dataclass
+class FixedDesignPlan:
+  """Measures a design fixed in advance, then ranks with `ranker(measured)`."""
+
+  design: np.ndarray  # bool [M, L, H]
+  ranker: Callable[[Measured], Ranking]
+
+  def next_masks(self, measured: Measured) -> np.ndarray | None:
+    return remaining(measured, self.design)
+
+  def expected_total(self) -> int:
+    return len(self.design)
+
+  def rank(self, measured: Measured) -> Ranking:
+    return self.ranker(measured)

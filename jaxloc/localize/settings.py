@@ -1,0 +1,92 @@
+"""Everything a localization run depends on: one definition of each setting, its default and its help.
+
+`experiments.localize` turns every field into a flag (`jaxloc.cli.define_flags`), the benchmark builds
+the same object with a few fields changed, and each method reads the fields it uses. A field's
+`metadata` holds its help and bounds; `check` validates the settings shared by all methods (each
+method checks its own, `methods.get(name).check`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxloc.errors import UserError
+from jaxloc.models.loading import SMOLLM2_ALIAS
+
+
+def setting(default: Any, help: str, **metadata: Any) -> Any:  # noqa: A002 - absl's word for it
+  """A settings field: default, help text, and optional `lower`/`upper` bounds, `choices`, `type`."""
+  if isinstance(default, (list, dict)):
+    return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help, **metadata})
+  return dataclasses.field(default=default, metadata={"help": help, **metadata})
+
+
+@dataclasses.dataclass
+class LocalizeSettings:
+  """The flags of `experiments.localize` (run `python -m experiments.localize --helpfull`)."""
+
+  model: str = setting(SMOLLM2_ALIAS, "Model: alias, .gguf file, local HF directory or HF hub id.")
+  task: str = setting(None, "Registered task name or a custom .jsonl file.", type=str, required=True)
+  output_dir: str = setting(None, "Where outputs go (and where a resumed run finds them).", type=str, required=True)
+  method: str = setting("cs_stratified", "Localization method (one of jaxloc.localize.methods.names()).",
+                        choices="methods")
+  task_options: dict = setting({}, "Task options as key=value.")
+  num_masks: int = setting(300, "Evaluation budget of the method: design masks for compressed sensing and "
+                           "two_stage (screen plus confirmations); heads confirmed for gradient_confirm; heads "
+                           "ablated alone for one_shot_greedy (a seeded random subset when fewer than all).",
+                           lower=1)
+  ablation_rate: float = setting(0.1, "Fraction of heads each compressed-sensing mask ablates.", lower=1e-6,
+                                 upper=1 - 1e-6)
+  screen_fraction: float = setting(0.5, "two_stage: fraction of --num_masks spent on the compressed-sensing "
+                                   "screen; the rest ablate the screen's top heads one at a time.", lower=1e-6,
+                                   upper=1 - 1e-6)
+  num_samples: int = setting(100, "Task documents used for identification (seeded subset).", lower=1)
+  metric: str = setting(None, "Task metric to localize (default: the task's default metric).", type=str)
+  lasso_alpha: str = setting("cv", "Lasso alpha: a number, or 'cv' for K-fold cross-validation.")
+  standardize: bool = setting(True, "Standardize the scores before the Lasso (as the paper's code does).")
+  nonpositive: bool = setting(False, "Constrain Lasso coefficients to ≤ 0 (ablation can only hurt).")
+  solver_dtype: str = setting("float64", "Precision of the Lasso solve.", choices=("float64", "float32"))
+  check_sklearn: bool = setting(False, "Also solve with scikit-learn and record the largest difference.")
+  top_k: int = setting(5, "Heads reported and validated (and rounds of iterative greedy).", lower=1)
+  exclude_heads: list = setting([], "Heads never ablated, e.g. L0H1,L1H3 (known universal heads).")
+  seed: int = setting(0, "Seed of the design, the CV folds and the document subset.")
+  data_dir: str = setting(None, "Directory of offline dataset files (default $JAXLOC_DATA).", type=str)
+  ablation: str = setting("zero", "Zero ablation or mean ablation.", choices=("zero", "mean"))
+  validate: bool = setting(True, "Ablate the top-k heads and measure the task and the general tasks.")
+  general_tasks: list = setting(["counting", "plurals", "induction", "arithmetic_1d_4shot"],
+                                "Tasks that check specificity (and detect universal heads).")
+  general_samples: int = setting(100, "Documents per general task.", lower=1)
+  universal_threshold: float = setting(0.5, "Relative drop on every general task that marks a head universal.",
+                                       lower=1e-6, upper=1.0)
+  universal_candidates: int = setting(10, "Top-ranked heads tested for universality.", lower=0)
+
+  def check(self) -> None:
+    """The checks every method shares (bounds are also enforced by the flags)."""
+    from jaxloc.localize import methods
+
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      lower, upper = field.metadata.get("lower"), field.metadata.get("upper")
+      if value is None and field.metadata.get("required"):
+        raise UserError(f"--{field.name} is required")
+      if lower is not None and value is not None and value < lower:
+        raise UserError(f"--{field.name}={value} must be ≥ {lower:g}")
+      if upper is not None and value is not None and value > upper:
+        raise UserError(f"--{field.name}={value} must be ≤ {upper:g}")
+      choices = field.metadata.get("choices")
+      if isinstance(choices, tuple) and value not in choices:
+        raise UserError(f"--{field.name}={value} must be one of {', '.join(choices)}")
+    if self.lasso_alpha != "cv":
+      try:
+        alpha = float(self.lasso_alpha)
+      except ValueError:
+        raise UserError(f"--lasso_alpha={self.lasso_alpha!r} must be 'cv' or a number ≥ 0") from None
+      if alpha < 0:
+        raise UserError(f"--lasso_alpha={self.lasso_alpha} must be ≥ 0")
+    methods.get(self.method).check(self)
+
+  def shared_measurement_settings(self) -> dict[str, Any]:
+    """The settings that make any method's measurements what they are (a method adds its own)."""
+    return {k: getattr(self, k) for k in ("model", "task", "task_options", "method", "num_samples", "seed",
+                                          "exclude_heads", "ablation", "data_dir")}

@@ -1,0 +1,234 @@
+"""Tables and plots of the measurement-efficiency benchmark (`experiments.benchmark_efficiency`): markdown
+tables of recall and top-k ablation change per method and budget, the recall/change-vs-evaluations plot,
+the diagnostics plot, and the combination of several saved reports.
+
+Axes of a report: `tasks`, then per task `summary` rows (method, budget fraction) and `records`
+(method, budget, seed); see `jaxloc.bench.sweep`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from jaxloc import files
+from jaxloc.bench.sweep import budget_masks
+from jaxloc.errors import UserError
+
+
+def _budget_label(fraction: float, n: int) -> str:
+  return f"{fraction:.0%} ({budget_masks(fraction, n)})"
+
+
+def format_tables(report: dict[str, Any], k: int) -> str:
+  """Markdown: per task, mean recall ± sd over seeds (hits ≥ k-1 in how many seeds) and the top-k change."""
+  lines = []
+  for t in report["tasks"]:
+    n = t["num_layers"] * t["num_heads"]
+    metric = t["headline_metric"]
+    summary = t["summary"]
+    budgets = sorted({r["budget_fraction"] for r in summary})
+    lines.append(f"### {t['task']} ({t['model']}, N = {n} heads, headline metric: {metric})")
+    lines.append("")
+    facts = []
+    if "baseline" in t:
+      facts.append("baseline " + ", ".join(f"{m} {v:.3f}" for m, v in t["baseline"].items()))
+    gt = t.get("ground_truth", {})
+    if metric in gt:
+      facts.append(f"greedy top-{k} ({metric}): {', '.join(gt[metric]['top_k'])}; ablated together: "
+                   + ", ".join(f"{m} {v:+.3f}" for m, v in gt["top_k_change"].items()))
+    g = t.get("gradient", {})
+    if g.get("available"):
+      facts.append(f"mask gradient: {g['gradient_seconds']:.2f} s vs {g['mask_evaluation_seconds']:.3f} s per mask "
+                   f"evaluation = {g['forward_equivalents']:.1f} evaluations; the gradient's own top-{k} "
+                   f"({', '.join(g.get('top_k', []))}) recalls {g.get('recall', float('nan')):.1f} of greedy's")
+    nf = t.get("noise_floor")
+    if nf:
+      facts.append(f"greedy top-{k} overlap between two disjoint halves of the docs: "
+                   + ", ".join(f"{m} {v}/{k}" for m, v in nf["split_half_top_k_overlap"].items()))
+    if nf and "context_effects" in nf:
+      ce = nf["context_effects"]
+      facts.append(f"isolated vs in-context effect (single-head change | mean Lasso coefficient at "
+                   f"{ce['budget_masks']} masks; ranks): " + "; ".join(
+                       f"{h} {a:+.2f} (#{ra}) | {b:+.3f} (#{rb})" for h, a, b, ra, rb in zip(
+                           ce["heads"], ce["single_change"], ce["mean_lasso_coef"], ce["single_rank"],
+                           ce["lasso_rank"])))
+    if nf:
+      add = nf["additivity"][metric]
+      facts.append(f"greedy's top-{k} ablated together: {metric} {add['joint_change']:+.3f} vs the sum of their "
+                   f"single changes {add['sum_of_single_changes']:+.3f} (saturation/interactions); masks at the "
+                   "floor: " + ", ".join(f"{d['design']} rate {d['ablation_rate']:g}: "
+                                         f"{100 * (d['fraction_at_floor'] or 0):.0f}%"
+                                         for d in nf["design_saturation"]))
+      facts.append(f"greedy's top-10 single-head changes ({metric}): "
+                   + ", ".join(f"{v:+.2f}" for v in gt[metric]["single_changes_top10"]))
+    if "greedy_vs_planted_top_k_overlap" in gt:
+      facts.append(f"greedy top-{k} vs planted top-{k} overlap per seed: {gt['greedy_vs_planted_top_k_overlap']}")
+    lines += [f"- {f}" for f in facts]
+    lines.append("")
+    methods = list(dict.fromkeys(r["method"] for r in summary))
+    by = {(r["method"], r["budget_fraction"]): r for r in summary}
+    header = "| method | " + " | ".join(_budget_label(b, n) for b in budgets) + " |"
+
+    def table(title: str, cell: Callable[[dict[str, Any], float], str]) -> None:
+      """One row per method, one column per budget (empty where the budget cannot run the method)."""
+      lines.extend([title, "", header, "|" + "---|" * (len(budgets) + 1)])
+      for m in methods:
+        cells = ["" if by.get((m, b)) is None else cell(by[(m, b)], b) for b in budgets]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+      lines.append("")
+
+    table(f"Recall of greedy's top-{k} ({metric}), mean ± sd over seeds [seeds with ≥ {k - 1}/{k}]:",
+          lambda r, b: f"{r['recall_mean']:.2f} ± {r['recall_std']:.2f} [{r['seeds_with_hits_ge_k_minus_1']}/"
+                       f"{r['seeds']}]")
+    for other in [m for m in t.get("metrics", [metric]) if m != metric]:
+      table(f"Recall of greedy's top-{k} by {other} (mean over seeds):",
+            lambda r, b, other=other: f"{r[f'recall_mean_{other}']:.2f}")
+    if any("recall_planted_mean" in r for r in summary):
+      table(f"Recall of the planted top-{k} (the simulation's truth; mean over seeds):",
+            lambda r, b: f"{r['recall_planted_mean']:.2f}")
+    table(f"Change of {metric} when the method's top-{k} are ablated together (mean ± sd):",
+          lambda r, b: f"{r['change_mean']:+.3f} ± {r['change_std']:.3f}")
+  return "\n".join(lines)
+
+
+def plot_diagnostics(report: dict[str, Any], path: str, k: int) -> bool:
+  """Per real task: greedy's top-20 single-head changes on all docs and on two disjoint halves (is the
+  top-k well defined?), and the score distribution under each CS design (saturation). False if no task
+  has the noise-floor figures."""
+  tasks = [t for t in report["tasks"] if t.get("noise_floor")]
+  if not tasks:
+    return False
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(len(tasks), 2, figsize=(12, 3.6 * len(tasks)), squeeze=False)
+  for row, t in enumerate(tasks):
+    nf, metric = t["noise_floor"], t["headline_metric"]
+    ax = axes[row][0]
+    x = np.arange(len(nf["top20"]["names"]))
+    ax.bar(x, nf["top20"]["full"], color="lightgrey", label=f"all {t['num_docs']} docs")
+    ax.plot(x, nf["top20"]["half0"], "o", color="tab:blue", markersize=4, label="docs half 1")
+    ax.plot(x, nf["top20"]["half1"], "s", color="tab:orange", markersize=4, label="docs half 2")
+    ax.axvline(k - 0.5, color="black", linestyle=":", linewidth=1)
+    ax.set_xticks(x)
+    ax.set_xticklabels(nf["top20"]["names"], rotation=60, fontsize=7)
+    ax.set_ylabel(f"{metric} change, head ablated alone")
+    ax.set_title(f"{t['task']}: greedy's top 20 (split-half top-{k} overlap "
+                 f"{nf['split_half_top_k_overlap'][metric]}/{k})", fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axes[row][1]
+    for d in nf["design_saturation"]:
+      ax.hist(d["scores"], bins=25, alpha=0.5, label=f"{d['design']} rate {d['ablation_rate']:g} "
+              f"({d['heads_per_mask']:.0f} heads/mask): {100 * (d['fraction_at_floor'] or 0):.0f}% at floor")
+    ax.axvline(t["baseline"][metric], color="black", linestyle="--", linewidth=1, label="baseline")
+    ax.set_xlabel(f"{metric} under a design mask")
+    ax.set_ylabel("masks")
+    ax.set_title(f"{t['task']}: saturation of the CS designs", fontsize=9)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+def _style(method: str, index: int) -> dict[str, Any]:
+  """Colour by family (greys for the paper's CS, warm for adaptive, blue for greedy), one marker per variant."""
+  family = method.split("-")[0]
+  base = "-".join(t for t in method.split("-") if not t.startswith("upto"))  # a cost limit is not a variant
+  colors = {"cs_stratified": "black", "cs_bernoulli": "dimgrey", "two_stage": "tab:purple", "gradient": "tab:orange",
+            "gradient_confirm": "tab:red", "one_shot_greedy": "tab:blue"}
+  variant_colors = ["tab:green", "tab:olive", "tab:cyan", "tab:brown", "tab:pink", "tab:gray"]
+  color = colors.get(family, "tab:gray") if base == family else variant_colors[index % len(variant_colors)]
+  if family == "two_stage" and base != family:
+    color = "plum"
+  thick = base in ("cs_stratified", "cs_bernoulli", "gradient_confirm")
+  return dict(color=color, linewidth=2.6 if thick else 1.3, marker="os^vDP*Xhd"[index % 10], markersize=4,
+              linestyle="-" if base == family else "--")
+
+
+def plot(report: dict[str, Any], path: str, k: int) -> None:
+  """Per task: recall of greedy's top-k and the top-k ablation change against evaluations (log scale),
+  mean over seeds with a ± sd band; one line per method."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import matplotlib.ticker
+
+  tasks = report["tasks"]
+  methods_seen = list(dict.fromkeys(r["method"] for t in tasks for r in t["summary"]))
+  fig, axes = plt.subplots(len(tasks), 2, figsize=(13.5, 3.6 * len(tasks) + 0.4), squeeze=False)
+  for row, t in enumerate(tasks):
+    n = t["num_layers"] * t["num_heads"]
+    metric = t["headline_metric"]
+    for col, (key, label) in enumerate((("recall", f"recall of greedy's top-{k}"),
+                                        ("change", f"{metric} change, top-{k} ablated"))):
+      ax = axes[row][col]
+      for index, m in enumerate(methods_seen):
+        rows = sorted([r for r in t["summary"] if r["method"] == m], key=lambda r: r["evaluations"])
+        if not rows:
+          continue
+        x = np.array([r["evaluations"] for r in rows])
+        mean = np.array([r[f"{key}_mean"] for r in rows])
+        sd = np.array([r[f"{key}_std"] for r in rows])
+        style = _style(m, index)
+        ax.plot(x, mean, label=m, **style)
+        ax.fill_between(x, mean - sd, mean + sd, color=style["color"], alpha=0.08, linewidth=0)
+      if key == "change" and "top_k_change" in t.get("ground_truth", {}):
+        ax.axhline(t["ground_truth"]["top_k_change"][metric], color="tab:blue", linestyle=":", linewidth=1.2,
+                   label=f"greedy's top-{k} (N evaluations)")
+      if key == "recall":
+        ax.axhline((k - 1) / k, color="grey", linestyle=":", linewidth=1)
+        ax.set_ylim(-0.03, 1.03)
+      for fraction in (0.1, 0.25):
+        ax.axvline(fraction * n, color="grey", linewidth=0.6, alpha=0.5)
+        if key == "recall":
+          ax.text(fraction * n, 1.0, f" {fraction:.0%}", fontsize=7, color="grey", va="top")
+      ax.set_xscale("log")
+      ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+      ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+      ax.set_xlabel("model evaluations (log scale; gradient pass counted in evaluations)", fontsize=8)
+      ax.set_ylabel(label, fontsize=9)
+      ax.set_title(f"{t['task']} (N = {n})", fontsize=9)
+  handles, labels = axes[0][1].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
+  fig.tight_layout(rect=(0, 0, 0.78, 1))
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry point.
+
+
+def write_outputs(report: dict[str, Any], output_dir: str, k: int) -> str:
+  """efficiency.json, efficiency.md, efficiency.png (and efficiency_diagnostics.png when a task has the
+  noise-floor figures) in output_dir; returns the tables."""
+  os.makedirs(output_dir, exist_ok=True)
+  files.write_json(os.path.join(output_dir, "efficiency.json"), report)
+  tables = format_tables(report, k)
+  with open(os.path.join(output_dir, "efficiency.md"), "w") as f:
+    f.write(tables + "\n")
+  plot(report, os.path.join(output_dir, "efficiency.png"), k)
+  plot_diagnostics(report, os.path.join(output_dir, "efficiency_diagnostics.png"), k)
+  return tables + f"\noutputs in {output_dir}"
+
+
+def combine_reports(paths: Sequence[str]) -> dict[str, Any]:
+  """The tasks of several saved efficiency.json files as one report (each keeps its own config)."""
+  tasks, configs = [], []
+  for path in paths:
+    try:
+      with open(path) as f:
+        report = json.load(f)
+      tasks += report["tasks"]
+      configs.append({"path": path, "mode": report.get("mode"), "config": report.get("config")})
+    except (OSError, ValueError, KeyError) as e:
+      raise UserError(f"cannot read an efficiency report from {path}: {e}") from None
+  return {"mode": "combined", "sources": configs, "tasks": tasks}

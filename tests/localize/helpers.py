@@ -1,0 +1,56 @@
+"""Driving a method's plan in tests, the way the runner does, with metric functions of the flat masks."""
+
+import dataclasses
+
+import numpy as np
+
+from jaxloc.localize import methods
+from jaxloc.localize.methods import Context, Measured
+from jaxloc.localize.settings import LocalizeSettings
+
+
+def settings(method: str, **overrides) -> LocalizeSettings:
+  return LocalizeSettings(**{"task": "synthetic", "output_dir": "unused", "method": method, **overrides})
+
+
+def context(num_layers, num_heads, excluded=(), gradient=None, directory=None) -> Context:
+  mask = np.zeros(num_layers * num_heads, bool)
+  mask[list(excluded)] = True
+  return Context(num_layers, num_heads, mask, (lambda: np.asarray(gradient)) if gradient is not None else None,
+                 directory)
+
+
+def measure(masks: np.ndarray, metric_fns: dict) -> dict[str, np.ndarray]:
+  flat = masks.reshape(len(masks), -1)
+  return {name: np.asarray(fn(flat), np.float64) for name, fn in metric_fns.items()}
+
+
+def drive(plan, metric_fns: dict, num_layers: int, num_heads: int, metric: str = "accuracy",
+          measured: Measured | None = None, stop_after: int | None = None) -> Measured:
+  """Measures what `plan` asks for until it is done (or `stop_after` masks are measured)."""
+  baselines = {k: float(v[0]) for k, v in measure(np.zeros((1, num_layers, num_heads), bool), metric_fns).items()}
+  if measured is None:
+    measured = Measured(np.zeros((0, num_layers, num_heads), bool), {k: np.zeros(0) for k in metric_fns},
+                        baselines, metric)
+  while (todo := plan.next_masks(measured)) is not None:
+    if stop_after is not None:
+      todo = todo[:max(stop_after - len(measured), 0)]
+      if not len(todo):
+        break
+    values = measure(todo, metric_fns)
+    measured = Measured(np.concatenate([measured.masks, todo]),
+                        {k: np.concatenate([measured.metrics[k], values[k]]) for k in metric_fns}, baselines, metric)
+  return measured
+
+
+def run(name: str, metric_fns: dict, num_layers: int, num_heads: int, ctx: Context | None = None, **overrides):
+  """(plan, measurements, ranking) of a registered method run to the end."""
+  s = settings(name, **overrides)
+  s.check()
+  plan = methods.get(name).plan(s, ctx or context(num_layers, num_heads))
+  measured = drive(plan, metric_fns, num_layers, num_heads, metric=s.metric or "accuracy")
+  return plan, measured, plan.rank(measured)
+
+
+def replace(s, **changes):
+  return dataclasses.replace(s, **changes)
