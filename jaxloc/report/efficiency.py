@@ -137,19 +137,16 @@ def plot_diagnostics(report: dict[str, Any], path: str, k: int) -> bool:
   return True
 
 
-def _style(method: str, index: int) -> dict[str, Any]:
-  """Colour by family (greys for the paper's CS, warm for adaptive, blue for greedy), one marker per variant."""
-  family = method.split("-")[0]
-  base = "-".join(t for t in method.split("-") if not t.startswith("upto"))  # a cost limit is not a variant
-  colors = {"cs_stratified": "black", "cs_bernoulli": "dimgrey", "two_stage": "tab:purple", "gradient": "tab:orange",
-            "gradient_confirm": "tab:red", "one_shot_greedy": "tab:blue"}
-  variant_colors = ["tab:green", "tab:olive", "tab:cyan", "tab:brown", "tab:pink", "tab:gray"]
-  color = colors.get(family, "tab:gray") if base == family else variant_colors[index % len(variant_colors)]
-  if family == "two_stage" and base != family:
-    color = "plum"
-  thick = base in ("cs_stratified", "cs_bernoulli", "gradient_confirm")
-  return dict(color=color, linewidth=2.6 if thick else 1.3, marker="os^vDP*Xhd"[index % 10], markersize=4,
-              linestyle="-" if base == family else "--")
+PALETTE = ("black", "tab:blue", "tab:red", "tab:purple", "dimgrey", "tab:orange", "tab:green", "tab:cyan")
+
+
+def _style(method: str, families: list[str], index: int) -> dict[str, Any]:
+  """One colour per registered method (in order of appearance), a solid thick line for the method at its
+  defaults and a thin dashed one for a variant with settings changed; one marker per line."""
+  family, *tokens = method.split("-")
+  plain = all(t.startswith("upto") for t in tokens)  # a cost limit is not a variant
+  return dict(color=PALETTE[families.index(family) % len(PALETTE)], linewidth=2.4 if plain else 1.2,
+              marker="os^vDP*Xhd"[index % 10], markersize=4, linestyle="-" if plain else "--")
 
 
 def plot(report: dict[str, Any], path: str, k: int) -> None:
@@ -163,6 +160,7 @@ def plot(report: dict[str, Any], path: str, k: int) -> None:
 
   tasks = report["tasks"]
   methods_seen = list(dict.fromkeys(r["method"] for t in tasks for r in t["summary"]))
+  families = list(dict.fromkeys(m.split("-")[0] for m in methods_seen))
   fig, axes = plt.subplots(len(tasks), 2, figsize=(13.5, 3.6 * len(tasks) + 0.4), squeeze=False)
   for row, t in enumerate(tasks):
     n = t["num_layers"] * t["num_heads"]
@@ -177,7 +175,7 @@ def plot(report: dict[str, Any], path: str, k: int) -> None:
         x = np.array([r["evaluations"] for r in rows])
         mean = np.array([r[f"{key}_mean"] for r in rows])
         sd = np.array([r[f"{key}_std"] for r in rows])
-        style = _style(m, index)
+        style = _style(m, families, index)
         ax.plot(x, mean, label=m, **style)
         ax.fill_between(x, mean - sd, mean + sd, color=style["color"], alpha=0.08, linewidth=0)
       if key == "change" and "top_k_change" in t.get("ground_truth", {}):

@@ -30,7 +30,7 @@ def heatmap(coefficients: np.ndarray, heads: dict[str, Any], path: str) -> None:
   ax.set_ylabel("layer")
   ax.set_xticks(range(0, num_heads, max(1, num_heads // 16)))
   ax.set_yticks(range(0, num_layers, max(1, num_layers // 16)))
-  label = "Lasso coefficient" if heads["method"].startswith("cs_") else "score change when ablated"
+  label = (heads.get("solver") or {}).get("value", "score")
   fig.colorbar(image, ax=ax, label=f"{label} ({heads['metric']})")
   ax.set_title(f"{heads['task']} on {os.path.basename(str(heads['model']))}: {heads['method']}, "
                f"{heads['num_evaluations']} evaluations\nboxed: top-{len(heads['top_k'])}"

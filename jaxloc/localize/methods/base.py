@@ -70,7 +70,8 @@ class Measured:
 class Ranking:
   order: np.ndarray  # int [N], most important head first
   values: np.ndarray  # float [N]: coefficient or measured change per head (0 where not measured)
-  facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # solver/method facts for heads.json
+  facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # solver/method facts for heads.json; "value"
+  # names what `values` holds (plots and tables label it so)
 
 
 class Plan(Protocol):
@@ -193,7 +194,8 @@ def single_head_ranking(measured: Measured, screen_order: np.ndarray) -> Ranking
   order = np.concatenate([first, [h for h in screen_order if int(h) not in seen]]).astype(np.int64)
   values = np.zeros(n)
   values[heads] = changes[0]
-  return Ranking(order, values, {"measured_heads": int(len(heads)), "unmeasured_value": "0 (not measured)"})
+  return Ranking(order, values, {"value": "score change when ablated alone", "measured_heads": int(len(heads)),
+                                 "unmeasured_value": "0 (not measured)"})
 
 
 @dataclasses.dataclass

@@ -34,7 +34,7 @@ def lasso(settings, masks: np.ndarray, scores: np.ndarray, metric: str) -> tuple
     raise UserError(f"every mask scored {y[0]:.4g} on {metric}: nothing to localize (is the task "
                     "too hard or too easy for this model? try --metric=logprob or another task)")
   options = dict(standardize=settings.standardize, nonpositive=settings.nonpositive)
-  facts: dict[str, Any] = {"standardize": settings.standardize, "nonpositive": settings.nonpositive,
+  facts: dict[str, Any] = {"value": "Lasso coefficient", "standardize": settings.standardize, "nonpositive": settings.nonpositive,
                            "dtype": settings.solver_dtype, "masks": int(len(masks))}
   with jax.enable_x64(float64):
     dtype = jnp.float64 if float64 else jnp.float32

@@ -106,7 +106,8 @@ class IterativeGreedyPlan:
       level = [v[best] for v in values]
     chosen_set = set(chosen)
     rest = [int(h) for h in rank_by(*keys) if int(h) not in chosen_set]
-    return Ranking(np.array(chosen + rest, np.int64), keys[0], {"rounds": len(rounds)})
+    return Ranking(np.array(chosen + rest, np.int64), keys[0],
+                   {"value": "score change when ablated on top of the heads chosen before", "rounds": len(rounds)})
 
 
 @dataclasses.dataclass(frozen=True)
