@@ -10,6 +10,14 @@ Process tree in the namespace modes (sandbox.py describes all modes and their fa
       └─ init (pid 1 of the new pid namespace; mounts a fresh /proc; reaps; runs no user code)
            └─ program (drops capabilities and, as root, its uid; sets rlimits; runs the code)
 
+With a file view (`config["file_view"]`, the default wherever namespaces work) the launcher builds the
+program's whole file system before forking init: a fresh tmpfs root holding read-only bind mounts of
+what the interpreter needs (its prefix, /usr and the /lib links, /etc/ld.so.cache, a few /dev nodes),
+a size-limited writable /tmp for the program's directory, and a mount point for the fresh /proc;
+it then pivots into that root and detaches the host's. Nothing else of the host exists there: no
+home directories, no /etc/shadow, no checkout, no cache, no other process. The program then needs no
+capability at all. Without a file view (the fallback) the host's mounts stay visible, read-only.
+
 The harness kills the launcher's process group on timeout. The init process is in that group;
 the untrusted code cannot move it out (only init or its parent can change its group) nor kill it
 (pid 1 of a namespace ignores signals sent from inside). When init dies the kernel kills every
@@ -41,6 +49,13 @@ MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 MS_RELATIME = 0x200000
+MNT_DETACH = 2
+# pivot_root has no libc wrapper: its syscall number by architecture.
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41}
+# What of the host a program sees besides the interpreter's prefix (read-only; missing ones skipped).
+VIEW_DIRECTORIES = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin")
+VIEW_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+VIEW_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # Per-mount flags a read-only remount must keep (in a user namespace they are locked).
 _KEPT_MOUNT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
                      "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
@@ -94,6 +109,79 @@ def _remount_everything_read_only():
     _mount(None, mount_point, None, flags, None)
 
 
+def _bind_read_only(source, target):
+  _check(_mount(source, target, None, MS_BIND | MS_REC, None), f"bind {source}")
+  flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+  with open("/proc/self/mountinfo") as mountinfo:  # keep the locked flags of the source mount
+    for fields in (line.split() for line in mountinfo):
+      if fields[4] == target:
+        for option in fields[5].split(","):
+          flags |= _KEPT_MOUNT_FLAGS.get(option, 0)
+  _check(_mount(None, target, None, flags, None), f"make {target} read-only")
+
+
+def _add_to_view(root, path):
+  """Recreates `path` (a symlink, directory, file or device) under `root`, read-only."""
+  target = root + path
+  os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+  if os.path.islink(path):
+    if not os.path.lexists(target):
+      os.symlink(os.readlink(path), target)
+  elif os.path.isdir(path):
+    os.makedirs(target, mode=0o755, exist_ok=True)
+    _bind_read_only(path, target)
+  elif os.path.exists(path):
+    with open(target, "a"):
+      pass
+    _bind_read_only(path, target)
+
+
+def _interpreter_paths():
+  """The directories the running interpreter loads code from, outside /usr (e.g. a pyenv under /root)."""
+  paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+  paths |= {os.path.dirname(os.path.realpath(sys.executable))}
+  kept = []
+  for path in sorted(paths):  # a path inside another kept path comes with it
+    if not any(path == k or path.startswith(k + "/") for k in kept + list(VIEW_DIRECTORIES)):
+      kept.append(path)
+  return kept
+
+
+def _build_file_view(tmpfs_bytes):
+  """A new root holding only what the interpreter needs, and a writable /tmp; returns its path.
+
+  Must run in a private mount namespace (nothing here reaches the host's mounts).
+  """
+  staging = "/tmp"
+  _check(_mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700"), "staging tmpfs")
+  root = os.path.join(staging, "root")
+  os.mkdir(root, 0o755)
+  _check(_mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755"), "root tmpfs")
+  for path in list(VIEW_DIRECTORIES) + _interpreter_paths() + list(VIEW_FILES) + list(VIEW_DEVICES):
+    if os.path.lexists(path):
+      _add_to_view(root, path)
+  os.mkdir(root + "/proc", 0o555)
+  os.mkdir(root + "/tmp", 0o1777)
+  _check(_mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=1777"),
+         "program tmpfs")
+  return root
+
+
+def _enter_file_view(root):
+  """pivot_root into `root`, detach the host's file system, and make the new root read-only."""
+  import platform
+
+  number = SYS_PIVOT_ROOT.get(platform.machine())
+  if number is None:
+    _setup_failed(f"pivot_root: unknown architecture {platform.machine()}")
+  os.chdir(root)
+  _check(_libc.syscall(number, b".", b"."), "pivot_root")
+  _check(_libc.umount2(b".", MNT_DETACH), "detach the host root")
+  os.chdir("/")
+  _check(_mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,mode=0755"),
+         "make the root read-only")
+
+
 def _count_tasks_of_uid(uid):
   """Tasks (threads count, as RLIMIT_NPROC counts them) owned by `uid`, from /proc."""
   count = 0
@@ -139,17 +227,18 @@ class _CapData(ctypes.Structure):
               ("inheritable", ctypes.c_uint32)]
 
 
-def _drop_privileges(run_uid):
+def _drop_privileges(run_uid, file_view):
   """Give up every capability; with `run_uid`, also become that unprivileged uid.
 
-  After a uid switch the program keeps CAP_DAC_READ_SEARCH alone, so that it can read the
-  interpreter and its standard library wherever they are installed (e.g. under a 0700 /root); it
-  grants no writes. It is made ambient so that a program which starts another Python keeps it.
-  Without a uid switch (user_namespace mode) the program is root of its own user namespace and
-  loses all capabilities there, so it cannot undo the read-only remounts. no_new_privs stops
+  In a file view the interpreter is reachable by anyone (its path is rebuilt with open
+  directories), so nothing is kept. Without one, a program that switched uid keeps
+  CAP_DAC_READ_SEARCH alone, so that it can read the interpreter wherever it is installed (e.g.
+  under a 0700 /root); that also lets it read every host file, which is why the file view is the
+  default. Without a uid switch (user_namespace modes) the program is root of its own user namespace
+  and loses all capabilities there, so it cannot undo the read-only mounts. no_new_privs stops
   setuid binaries from regaining anything.
   """
-  kept = 1 << CAP_DAC_READ_SEARCH if run_uid is not None else 0
+  kept = 1 << CAP_DAC_READ_SEARCH if run_uid is not None and not file_view else 0
   with open("/proc/sys/kernel/cap_last_cap") as last_cap_file:
     last_cap = int(last_cap_file.read())
   for cap in range(last_cap + 1):
@@ -173,7 +262,7 @@ def _run_program(config, program_path, workdir, base_tasks):
   """Final process: drop privileges, apply limits, run the untrusted code; never returns."""
   limits = config["limits"]
   if config["mode"] != "none":  # in mode "none" there is nothing to give up
-    _drop_privileges(config["run_uid"])
+    _drop_privileges(config["run_uid"], config.get("file_view", False))
   os.chdir(workdir)
   os.environ.clear()
   os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir,
@@ -255,19 +344,27 @@ def main():
       _setup_failed("user namespace id maps")
   # Private propagation first, so that nothing mounted below can leak into the host.
   _check(_mount(None, "/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
-  _remount_everything_read_only()
-  tmpfs_options = f"size={config['limits']['tmpfs_bytes']},mode=1777"
-  for directory in WORLD_WRITABLE_DIRS:
-    if os.path.isdir(directory) and not os.path.islink(directory):
-      _check(_mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_options),
-             f"mount tmpfs on {directory}")
-  os.mkdir(SANDBOX_WORKDIR, 0o700)
-  program_path = os.path.join(SANDBOX_WORKDIR, "program.py")
+  if config.get("file_view"):
+    root = _build_file_view(config["limits"]["tmpfs_bytes"])
+    workdir = os.path.join(root + "/tmp", "sandbox")
+  else:
+    _remount_everything_read_only()
+    tmpfs_options = f"size={config['limits']['tmpfs_bytes']},mode=1777"
+    for directory in WORLD_WRITABLE_DIRS:
+      if os.path.isdir(directory) and not os.path.islink(directory):
+        _check(_mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_options),
+               f"mount tmpfs on {directory}")
+    workdir = SANDBOX_WORKDIR
+  os.mkdir(workdir, 0o700)
+  program_path = os.path.join(workdir, "program.py")
   with open(program_path, "wb") as program_file:
     program_file.write(program)
   if config["run_uid"] is not None:
-    for path in (SANDBOX_WORKDIR, program_path):
+    for path in (workdir, program_path):
       os.chown(path, config["run_uid"], config["run_uid"])
+  if config.get("file_view"):
+    _enter_file_view(root)
+    program_path = os.path.join(SANDBOX_WORKDIR, "program.py")
 
   init_pid = os.fork()
   if init_pid == 0:

@@ -8,17 +8,24 @@ Each program runs in its own subprocess (`_sandbox_child.py`) with:
 - a scrubbed environment (PATH, HOME, TMPDIR, LANG only) and `python -I` (no PYTHON* variables,
   no user site, no script directory on sys.path);
 - its own working directory;
-- and, where the OS allows, namespaces. The mode is probed once per process (`isolation_mode()`):
+- and, where the OS allows, namespaces. The mode is probed once per process (`isolation_mode()`),
+  strongest first:
 
   - `namespaces` (root, unshare() allowed: here and in CI): own network namespace with only a
-    down loopback; own mount namespace where every mount is remounted read-only and /tmp,
-    /var/tmp, /dev/shm, /run/lock get private tmpfs; own pid namespace with a fresh /proc (no
-    other process visible; when its init dies every process in it dies, even after setsid());
-    the program runs as an unprivileged uid keeping only CAP_DAC_READ_SEARCH (so it can read
-    the interpreter wherever it is installed; it can read, not write, other files), with
+    down loopback; own pid namespace with a fresh /proc (no other process visible; when its init
+    dies every process in it dies, even after setsid()); own mount namespace whose root is a *file
+    view* built for the program: read-only bind mounts of the interpreter's prefix, /usr and the
+    /lib links, /etc/ld.so.cache and /dev/null-style devices, a size-limited private /tmp holding
+    its working directory, and nothing else of the host (no home directory, no /etc/shadow, no
+    checkout, no jaxloc cache). The program runs as an unprivileged uid with no capability and
     no_new_privs.
-  - `user_namespace` (non-root with unprivileged user namespaces): the same namespaces, mounts
-    and /proc, but the program keeps the caller's uid (mapped to root inside its namespace).
+  - `user_namespace` (non-root with unprivileged user namespaces): the same namespaces and file
+    view; the program keeps the caller's uid (mapped to root inside its namespace, with no
+    capability outside it).
+  - `namespaces_host_visible`, `user_namespace_host_visible`: the fallbacks where a file view
+    cannot be built (pivot_root or bind mounts refused): the host's mounts stay visible but are
+    remounted read-only, /tmp, /var/tmp, /dev/shm and /run/lock get private tmpfs; as root the
+    program keeps CAP_DAC_READ_SEARCH to reach the interpreter, so it can *read* every host file.
   - `uid_only` (root, but unshare() refused, e.g. Docker's default seccomp profile): the
     unprivileged uid and capability drop; the network is blocked only at the Python level;
     world-writable directories stay writable; after the run every process of the uid is killed.
@@ -27,11 +34,13 @@ Each program runs in its own subprocess (`_sandbox_child.py`) with:
     and a program that calls setsid() can outlive its timeout.
 
   The Python-level block replaces `socket.socket` and friends before the program runs; code that
-  goes through ctypes gets around it. `isolation_mode()` logs a warning for the weaker modes.
+  goes through ctypes gets around it. `isolation_mode()` logs a warning for every mode weaker than
+  the first two.
 
-In the `namespaces` and `uid_only` modes each concurrent program gets its own unprivileged uid
-from a pool (`UID_POOL`), so RLIMIT_NPROC (which counts per uid) bounds each program
-separately.
+In the modes that switch uid each concurrent program gets its own unprivileged uid from a pool
+(`UID_POOL`), so RLIMIT_NPROC (which counts per uid) bounds each program separately. Only the last
+`_OUTPUT_TAIL_CHARS` of a program's stdout and stderr are kept (RLIMIT_FSIZE bounds what it can
+write to them at all).
 
 A program passes when it exits with status 0 in time. The harness never raises for anything a
 program does; failures to start come back as status "sandbox_error".
@@ -56,7 +65,14 @@ from typing import Literal, Sequence
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["namespaces", "user_namespace", "uid_only", "none"]
+Mode = Literal["namespaces", "user_namespace", "namespaces_host_visible", "user_namespace_host_visible",
+               "uid_only", "none"]
+# Each mode as (how the child isolates itself, whether it builds a file view).
+MODES: dict[str, tuple[str, bool]] = {
+    "namespaces": ("namespaces", True), "user_namespace": ("user_namespace", True),
+    "namespaces_host_visible": ("namespaces", False), "user_namespace_host_visible": ("user_namespace", False),
+    "uid_only": ("uid_only", False), "none": ("none", False)}
+STRONG_MODES = ("namespaces", "user_namespace")
 Status = Literal["passed", "failed", "timeout", "sandbox_error"]
 
 _CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_child.py")
@@ -174,7 +190,8 @@ def _wait_group_gone(pgid: int, deadline_s: float = 5.0) -> None:
 
 def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
   start = time.monotonic()
-  switches_uid = mode in ("namespaces", "uid_only")
+  isolation, file_view = MODES[mode]
+  switches_uid = isolation in ("namespaces", "uid_only")
   run_uid = _uid_pool.get() if switches_uid else None
   workdir = tempfile.mkdtemp(prefix="jaxloc-sandbox-")
   try:
@@ -182,10 +199,11 @@ def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
     with open(program_path, "w", encoding="utf-8") as program_file:
       program_file.write(source)
     config = {
-        "mode": mode,
+        "mode": isolation,
+        "file_view": file_view,
         "workdir": workdir,
         "run_uid": run_uid,
-        "block_sockets": mode in ("uid_only", "none"),
+        "block_sockets": isolation in ("uid_only", "none"),
         "limits": {
             "cpu_s": limits.timeout_s if limits.cpu_s is None else limits.cpu_s,
             "memory_bytes": int(limits.memory_bytes),
@@ -244,15 +262,16 @@ def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
 @functools.cache
 def isolation_mode() -> Mode:
   """The strongest mode that works on this machine, probed once per process."""
-  candidates: list[Mode] = (["namespaces", "uid_only"] if os.geteuid() == 0
-                            else ["user_namespace"])
+  candidates: list[Mode] = (["namespaces", "namespaces_host_visible", "uid_only"] if os.geteuid() == 0
+                            else ["user_namespace", "user_namespace_host_visible"])
   probe_limits = Limits(timeout_s=20.0)
   for mode in candidates:
     result = _run_in_mode("print('ok')", probe_limits, mode)
     if result.passed and result.stdout.strip() == "ok":
-      if mode not in ("namespaces", "user_namespace"):
-        log.warning("sandbox: namespaces unavailable; running generated code in mode %r (network "
-                    "blocked only at the Python level; see jaxloc/tasks/sandbox.py)", mode)
+      if mode not in STRONG_MODES:
+        log.warning("sandbox: running generated code in the weaker mode %r (%s; see jaxloc/tasks/sandbox.py)",
+                    mode, "host files readable" if mode.endswith("host_visible")
+                    else "network blocked only at the Python level")
       return mode
     log.info("sandbox: mode %r unavailable: %s", mode, result.stderr.strip()[-500:])
   log.warning("sandbox: no isolation available; generated code runs as the current user with "

@@ -1,6 +1,7 @@
 """Hostile generated programs are contained, scored as failures, and the harness carries on."""
 
 import os
+import shutil
 import socket
 import textwrap
 import time
@@ -12,10 +13,13 @@ from jaxloc.tasks import sandbox
 
 # Short limits keep each hostile test to a few seconds.
 SHORT = sandbox.Limits(timeout_s=3.0, cpu_s=2.0, memory_bytes=512 << 20, max_processes=8)
-NAMESPACES = sandbox.isolation_mode() in ("namespaces", "user_namespace")
+NAMESPACES = sandbox.isolation_mode() not in ("uid_only", "none")
+FILE_VIEW = sandbox.isolation_mode() in sandbox.STRONG_MODES
 needs_isolation = pytest.mark.skipif(
     sandbox.isolation_mode() == "none",
     reason="no namespaces and not root: the documented fallback does not contain this")
+needs_file_view = pytest.mark.skipif(
+    not FILE_VIEW, reason=f"no file view on this machine (mode {sandbox.isolation_mode()!r}, logged as weaker)")
 
 
 def run(source, limits=SHORT):
@@ -64,7 +68,7 @@ def test_fork_bomb_is_contained_and_cleaned_up():
           pass
       """)
   assert not result.passed
-  if sandbox.isolation_mode() in ("namespaces", "uid_only"):
+  if sandbox.isolation_mode() in ("namespaces", "namespaces_host_visible", "uid_only"):
     assert all(not sandbox._pids_of_uid(uid) for uid in sandbox.UID_POOL)
   assert_harness_alive()
 
@@ -190,3 +194,185 @@ def test_python_level_network_block_in_fallback_mode():
   result = sandbox.run_program(
       "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)", SHORT, mode="none")
   assert result.status == "failed" and "network access is disabled" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------
+# The file view: a program sees the interpreter, its libraries and its own directory, nothing else.
+
+
+def reads(path, kind="read"):
+  """A program that succeeds (exit 0) only if it can read (or list) `path`."""
+  action = f"print(sorted(os.listdir({path!r})))" if kind == "list" else f"print(open({path!r}, 'rb').read()[:64])"
+  return run(f"""
+      import os
+      try:
+        {action}
+      except OSError as error:
+        print("blocked:", type(error).__name__)
+        raise SystemExit(1)
+      """)
+
+
+@needs_file_view
+def test_isolation_mode_on_this_machine_is_the_file_view():
+  assert sandbox.isolation_mode() in sandbox.STRONG_MODES
+
+
+@needs_file_view
+def test_host_secrets_are_not_in_the_file_view():
+  shadow = reads("/etc/shadow")
+  assert not shadow.passed and "blocked" in shadow.stdout
+  assert not reads("/etc/passwd").passed
+
+
+@needs_file_view
+def test_home_directories_show_only_the_way_to_the_interpreter():
+  home = os.path.expanduser("~")
+  listing = reads(home, "list")
+  if listing.passed:  # the interpreter lives under the home directory (e.g. pyenv): only its path shows
+    prefix = os.path.realpath(os.sys.base_prefix)
+    assert prefix.startswith(home + "/")
+    assert eval(listing.stdout.strip()) == [prefix[len(home) + 1:].split("/")[0]]
+  assert not reads("/root/.bashrc").passed and not reads(os.path.join(home, ".cache"), "list").passed
+  assert not reads("/home", "list").passed
+
+
+def test_checkout_cache_and_other_processes_are_invisible(tmp_path):
+  if not FILE_VIEW:
+    pytest.skip("no file view on this machine")
+  checkout_file = os.path.abspath(__file__)
+  cache = tmp_path / "jaxloc-cache"
+  cache.mkdir()
+  (cache / "params.msgpack").write_bytes(b"weights")
+  assert not reads(checkout_file).passed
+  assert not reads(str(cache / "params.msgpack")).passed
+  # Only the sandbox's own processes exist in its /proc: not the harness (this pytest), not anything else.
+  processes = run("""
+      import os
+      for pid in filter(str.isdigit, os.listdir("/proc")):
+        print(pid, open(f"/proc/{pid}/cmdline", "rb").read())
+        try:
+          print(open(f"/proc/{pid}/environ", "rb").read())
+        except OSError:
+          pass
+      """)
+  assert processes.passed and "pytest" not in processes.stdout and "_sandbox_child" in processes.stdout
+  assert len(processes.stdout.splitlines()) <= 6 and "JAXLOC" not in processes.stdout
+
+
+@needs_file_view
+def test_the_interpreter_and_its_standard_library_still_work():
+  result = run("""
+      import ctypes, json, math, decimal, sqlite3, hashlib, subprocess, sys
+      print(json.dumps({"pi": round(math.pi, 3)}), hashlib.sha256(b"x").hexdigest()[:8])
+      print(subprocess.run([sys.executable, "-c", "print(41 + 1)"], capture_output=True, text=True).stdout)
+      """)
+  assert result.passed, result.stderr
+  assert '{"pi": 3.142}' in result.stdout and "42" in result.stdout
+
+
+@needs_file_view
+def test_the_view_is_read_only_except_its_own_directory():
+  result = run("""
+      import os
+      blocked = []
+      for path in ("/usr/jaxloc-pwned", "/etc/jaxloc-pwned", "/jaxloc-pwned", os.__file__):
+        try:
+          open(path, "a").write("x")
+        except OSError:
+          blocked.append(path)
+      print(len(blocked))
+      """)
+  assert result.passed and result.stdout.strip() == "4"
+  assert not os.path.exists("/usr/jaxloc-pwned") and not os.path.exists("/jaxloc-pwned")
+
+
+@needs_isolation
+def test_socket_through_ctypes_is_refused():
+  listener = socket.socket()
+  listener.bind(("127.0.0.1", 0))
+  listener.listen(1)
+  listener.settimeout(0.5)
+  port = listener.getsockname()[1]
+  try:
+    result = run(f"""
+        import ctypes, socket, struct
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.socket(2, 1, 0)  # AF_INET, SOCK_STREAM, straight to the kernel
+        address = struct.pack("!HH4s8x", 2, {port}, socket.inet_aton("127.0.0.1"))
+        address = struct.pack("<H", 2) + address[2:]
+        buffer = ctypes.create_string_buffer(address)
+        assert fd >= 0 and libc.connect(fd, buffer, len(address)) == 0, ctypes.get_errno()
+        """)
+    assert not result.passed
+    with pytest.raises(socket.timeout):
+      listener.accept()
+  finally:
+    listener.close()
+
+
+@needs_isolation
+def test_daemon_cannot_write_a_marker_after_the_timeout(tmp_path):
+  marker = tmp_path / "late-marker"
+  result = run(f"""
+      import os, time
+      if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+          time.sleep(2)
+          for path in ({str(marker)!r}, "late-marker"):
+            try:
+              open(path, "w").write("still alive")
+            except OSError:
+              pass
+          os._exit(0)
+        os._exit(0)
+      time.sleep(60)
+      """, sandbox.Limits(timeout_s=1.0))
+  assert result.status == "timeout"
+  time.sleep(2.5)
+  assert not marker.exists()
+
+
+def test_filling_the_disk_is_bounded(tmp_path):
+  before = shutil.disk_usage(tmp_path).free
+  result = run("""
+      index = 0
+      while True:
+        with open(f"fill{index}", "wb") as f:
+          f.write(b"x" * (1 << 20))
+        index += 1
+      """, sandbox.Limits(timeout_s=10.0, tmpfs_bytes=32 << 20))
+  assert not result.passed
+  assert before - shutil.disk_usage(tmp_path).free < (64 << 20)  # the host's disk did not fill
+  assert_harness_alive()
+
+
+def test_printing_a_gigabyte_keeps_only_a_bounded_tail():
+  result = run("""
+      import sys
+      line = "y" * 1023 + "\\n"
+      for _ in range(1 << 20):
+        sys.stdout.write(line)
+      """, sandbox.Limits(timeout_s=20.0, file_size_bytes=8 << 20))
+  assert not result.passed
+  assert len(result.stdout) <= 4000 and len(result.stderr) <= 4000
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not NAMESPACES, reason="the host-visible fallback needs root namespaces")
+def test_host_visible_fallback_still_runs_programs_and_is_read_only():
+  """The weaker fallback (used where no file view can be built) keeps working: host files readable, not
+  writable."""
+  result = sandbox.run_program("print(len(open('/etc/passwd').read()) > 0)\nopen('/usr/jaxloc-x', 'w')",
+                               SHORT, mode="namespaces_host_visible")
+  assert result.status == "failed" and result.stdout.strip() == "True"
+  assert not os.path.exists("/usr/jaxloc-x")
+
+
+def test_sandbox_overhead_benchmark_measures_each_mode():
+  from jaxloc.bench import sandbox_overhead
+
+  rows = sandbox_overhead.measure([sandbox.isolation_mode(), "none"], count=6, warmup=1)
+  assert [r["mode"] for r in rows] == [sandbox.isolation_mode(), "none"]
+  assert all(r["available"] and r["passed"] == 6 and r["median_ms"] > 0 for r in rows)
+  assert "| none |" in sandbox_overhead.format_table(rows)
