@@ -134,23 +134,27 @@ def test_writing_outside_its_directory_fails(tmp_path):
              ).passed
 
 
-def test_socket_to_localhost_is_refused():
-  listener = socket.socket()
-  listener.bind(("127.0.0.1", 0))
-  listener.listen(1)
-  listener.settimeout(0.5)
-  port = listener.getsockname()[1]
-  try:
-    result = run(f"""
-        import socket
-        connection = socket.create_connection(("127.0.0.1", {port}), timeout=1)
-        connection.sendall(b"exfiltrated")
-        """)
-    assert result.status == "failed"
-    with pytest.raises(socket.timeout):
-      listener.accept()
-  finally:
-    listener.close()
+@pytest.fixture()
+def listener():
+  """A localhost server socket that a contained program must never reach: (socket, port)."""
+  server = socket.socket()
+  server.bind(("127.0.0.1", 0))
+  server.listen(1)
+  server.settimeout(0.5)
+  yield server, server.getsockname()[1]
+  server.close()
+
+
+def test_socket_to_localhost_is_refused(listener):
+  server, port = listener
+  result = run(f"""
+      import socket
+      connection = socket.create_connection(("127.0.0.1", {port}), timeout=1)
+      connection.sendall(b"exfiltrated")
+      """)
+  assert result.status == "failed"
+  with pytest.raises(socket.timeout):
+    server.accept()
   assert_harness_alive()
 
 
@@ -288,27 +292,19 @@ def test_the_view_is_read_only_except_its_own_directory():
 
 
 @needs_isolation
-def test_socket_through_ctypes_is_refused():
-  listener = socket.socket()
-  listener.bind(("127.0.0.1", 0))
-  listener.listen(1)
-  listener.settimeout(0.5)
-  port = listener.getsockname()[1]
-  try:
-    result = run(f"""
-        import ctypes, socket, struct
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.socket(2, 1, 0)  # AF_INET, SOCK_STREAM, straight to the kernel
-        address = struct.pack("!HH4s8x", 2, {port}, socket.inet_aton("127.0.0.1"))
-        address = struct.pack("<H", 2) + address[2:]
-        buffer = ctypes.create_string_buffer(address)
-        assert fd >= 0 and libc.connect(fd, buffer, len(address)) == 0, ctypes.get_errno()
-        """)
-    assert not result.passed
-    with pytest.raises(socket.timeout):
-      listener.accept()
-  finally:
-    listener.close()
+def test_socket_through_ctypes_is_refused(listener):
+  server, port = listener
+  result = run(f"""
+      import ctypes, socket, struct
+      libc = ctypes.CDLL(None, use_errno=True)
+      fd = libc.socket(2, 1, 0)  # AF_INET, SOCK_STREAM, straight to the kernel
+      address = struct.pack("<H", 2) + struct.pack("!H4s8x", {port}, socket.inet_aton("127.0.0.1"))
+      buffer = ctypes.create_string_buffer(address)
+      assert fd >= 0 and libc.connect(fd, buffer, len(address)) == 0, ctypes.get_errno()
+      """)
+  assert not result.passed
+  with pytest.raises(socket.timeout):
+    server.accept()
 
 
 @needs_isolation
