@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+
+def task_label(name: str) -> str:
+  """A registered task's name, or a custom task file's stem (not a truncated path)."""
+  return os.path.splitext(os.path.basename(name))[0] if name.endswith(".jsonl") else name
 
 
 def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str:
   t = heads["timing"]
-  lines = [f"{heads['task']} on {heads['model']} ({heads['method']}, metric {heads['metric']}): "
+  lines = [f"{task_label(heads['task'])} on {heads['model']} ({heads['method']}, metric {heads['metric']}): "
            f"{heads['num_evaluations']} evaluations, baseline {heads['baseline']:.4f}, "
            f"{t['total_seconds']:.0f}s total ({t['measure_seconds']:.0f}s measuring)"]
+  engine = heads.get("engine") or {}
+  if engine.get("compilations") is not None and engine.get("seconds_per_mask"):
+    lines.append(f"engine: {engine['seconds_per_mask']:.3f}s per mask, {engine['compilations']} compiled shapes")
   solver = heads.get("solver") or {}
   if "lasso_alpha" in solver:
     line = (f"Lasso alpha {solver['lasso_alpha']:.3g} ({solver['alpha_selection']}), {solver['nonzero']} nonzero "
@@ -21,7 +30,7 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
   general_names = ([ablation["task"]["name"]] + list(ablation["general"])) if ablation else []
   header = f"{'rank':>4s}  {'head':8s} {'score':>10s}"
   if alone:
-    header += "   ablated alone, relative drop: " + "  ".join(f"{n[:12]:>12s}" for n in general_names)
+    header += "   ablated alone, relative drop: " + "  ".join(f"{task_label(n)[:12]:>12s}" for n in general_names)
   lines.append(header)
   for rank, h in enumerate(heads["heads"][:len(heads["top_k"])], start=1):
     line = f"{rank:4d}  {h['name']:8s} {h['score']:10.4f}"
@@ -34,7 +43,7 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
     task = ablation["task"]
     metric = task["default_metric"]
     values, drops = task["metrics"][metric], task["relative_drop"][metric]
-    lines.append(f"ablating the top-{len(ablation['heads'])}: {task['name']} {metric} {values[0]:.3f} -> "
+    lines.append(f"ablating the top-{len(ablation['heads'])}: {task_label(task['name'])} {metric} {values[0]:.3f} -> "
                  f"{values[-1]:.3f} ({100 * drops[-1]:+.1f}% drop)")
     for name, general in ablation["general"].items():
       lines.append(f"  general {name:22s} {general['metric']:9s} {general['scores'][0]:.3f} -> "
