@@ -95,6 +95,27 @@ def format_tables(report: dict[str, Any], k: int) -> str:
   return "\n".join(lines)
 
 
+def cross_task_tables(report: dict[str, Any], k: int) -> str:
+  """Markdown: one row per method, one column per (task, budget): recall of greedy's top-k (mean ± sd
+  [seeds with ≥ k-1 hits]) and the headline change when the method's top-k are ablated together."""
+  columns = [(t, b) for t in report["tasks"] for b in sorted({r["budget_fraction"] for r in t["summary"]})]
+  methods = list(dict.fromkeys(r["method"] for t in report["tasks"] for r in t["summary"]))
+  by = {(t["task"], r["method"], r["budget_fraction"]): r for t in report["tasks"] for r in t["summary"]}
+  header = "| method | " + " | ".join(f"{t['task']} {b:.0%}" for t, b in columns) + " |"
+  rule = "|" + "---|" * (len(columns) + 1)
+
+  def rows(cell):
+    return [f"| {m} | " + " | ".join(cell(by[t["task"], m, b]) if (t["task"], m, b) in by else ""
+                                     for t, b in columns) + " |" for m in methods]
+
+  recall = rows(lambda r: f"{r['recall_mean']:.2f} ± {r['recall_std']:.2f} [{r['seeds_with_hits_ge_k_minus_1']}/"
+                          f"{r['seeds']}]")
+  change = rows(lambda r: f"{r['change_mean']:+.3f}")
+  return "\n".join([f"Recall of greedy's top-{k}:", "", header, rule, *recall, "",
+                    f"Change of the headline metric when the method's top-{k} are ablated together:", "", header,
+                    rule, *change])
+
+
 def plot_diagnostics(report: dict[str, Any], path: str, k: int) -> bool:
   """Per real task: greedy's top-20 single-head changes on all docs and on two disjoint halves (is the
   top-k well defined?), and the score distribution under each CS design (saturation). False if no task
@@ -212,7 +233,7 @@ def write_outputs(report: dict[str, Any], output_dir: str, k: int) -> str:
   files.write_json(os.path.join(output_dir, "efficiency.json"), report)
   tables = format_tables(report, k)
   with open(os.path.join(output_dir, "efficiency.md"), "w") as f:
-    f.write(tables + "\n")
+    f.write(tables + "\n\n## All tasks\n\n" + cross_task_tables(report, k) + "\n")
   plot(report, os.path.join(output_dir, "efficiency.png"), k)
   plot_diagnostics(report, os.path.join(output_dir, "efficiency_diagnostics.png"), k)
   return tables + f"\noutputs in {output_dir}"

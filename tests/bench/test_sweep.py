@@ -178,6 +178,8 @@ def test_saved_reports_render_together(tmp_path):
   assert [t["task"] for t in combined["tasks"]] == ["synthetic N=32"] * 2
   tables = report.write_outputs(combined, str(tmp_path / "both"), k=5)
   assert tables.count("### synthetic N=32") == 2 and (tmp_path / "both" / "efficiency.png").exists()
+  markdown = (tmp_path / "both" / "efficiency.md").read_text()
+  assert "## All tasks" in markdown and "| cs_stratified | " in markdown.split("## All tasks")[1]
   with pytest.raises(UserError, match="missing.json"):
     report.combine_reports([str(tmp_path / "missing.json")])
 
