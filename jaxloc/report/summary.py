@@ -11,6 +11,10 @@ def task_label(name: str) -> str:
   return os.path.splitext(os.path.basename(name))[0] if name.endswith(".jsonl") else name
 
 
+def _width(name: str) -> int:
+  return max(12, len(task_label(name)))
+
+
 def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str:
   t = heads["timing"]
   lines = [f"{task_label(heads['task'])} on {heads['model']} ({heads['method']}, metric {heads['metric']}): "
@@ -30,12 +34,13 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
   general_names = ([ablation["task"]["name"]] + list(ablation["general"])) if ablation else []
   header = f"{'rank':>4s}  {'head':8s} {'score':>10s}"
   if alone:
-    header += "   ablated alone, relative drop: " + "  ".join(f"{task_label(n)[:12]:>12s}" for n in general_names)
+    header += "   ablated alone, relative drop: " + "  ".join(f"{task_label(n):>{_width(n)}s}" for n in general_names)
   lines.append(header)
   for rank, h in enumerate(heads["heads"][:len(heads["top_k"])], start=1):
     line = f"{rank:4d}  {h['name']:8s} {h['score']:10.4f}"
     if h["name"] in alone:
-      line += " " * 31 + "  ".join(f"{100 * alone[h['name']].get(n, float('nan')):11.0f}%" for n in general_names)
+      line += " " * 31 + "  ".join(f"{100 * alone[h['name']].get(n, float('nan')):{_width(n) - 1}.0f}%"
+                                   for n in general_names)
     lines.append(line)
   if heads.get("universal_heads"):
     lines.append(f"universal heads (filtered out): {', '.join(heads['universal_heads'])}")
