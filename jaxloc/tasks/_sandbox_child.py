@@ -147,23 +147,24 @@ def _interpreter_paths():
   return kept
 
 
-def _build_file_view(tmpfs_bytes):
+def _build_file_view(tmpfs_bytes, host_workdir):
   """A new root holding only what the interpreter needs, and a writable /tmp; returns its path.
 
-  Must run in a private mount namespace (nothing here reaches the host's mounts).
+  Must run in a private mount namespace (nothing here reaches the host's mounts). The root is mounted
+  on a directory of the harness's own working directory, so building it hides nothing the interpreter
+  needs (a virtual environment under /tmp, say); the program's /tmp is mounted before the binds, so an
+  interpreter living under /tmp is bound inside it.
   """
-  staging = "/tmp"
-  _check(_mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700"), "staging tmpfs")
-  root = os.path.join(staging, "root")
+  root = os.path.join(host_workdir, "root")
   os.mkdir(root, 0o755)
   _check(_mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755"), "root tmpfs")
-  for path in list(VIEW_DIRECTORIES) + _interpreter_paths() + list(VIEW_FILES) + list(VIEW_DEVICES):
-    if os.path.lexists(path):
-      _add_to_view(root, path)
   os.mkdir(root + "/proc", 0o555)
   os.mkdir(root + "/tmp", 0o1777)
   _check(_mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=1777"),
          "program tmpfs")
+  for path in list(VIEW_DIRECTORIES) + _interpreter_paths() + list(VIEW_FILES) + list(VIEW_DEVICES):
+    if os.path.lexists(path):
+      _add_to_view(root, path)
   return root
 
 
@@ -345,7 +346,7 @@ def main():
   # Private propagation first, so that nothing mounted below can leak into the host.
   _check(_mount(None, "/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
   if config.get("file_view"):
-    root = _build_file_view(config["limits"]["tmpfs_bytes"])
+    root = _build_file_view(config["limits"]["tmpfs_bytes"], host_workdir)
     workdir = os.path.join(root + "/tmp", "sandbox")
   else:
     _remount_everything_read_only()

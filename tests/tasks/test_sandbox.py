@@ -372,3 +372,21 @@ def test_sandbox_overhead_benchmark_measures_each_mode():
   assert [r["mode"] for r in rows] == [sandbox.isolation_mode(), "none"]
   assert all(r["available"] and r["passed"] == 6 and r["median_ms"] > 0 for r in rows)
   assert "| none |" in sandbox_overhead.format_table(rows)
+
+
+@needs_file_view
+def test_an_interpreter_in_a_virtual_environment_under_tmp_is_in_the_view(tmp_path):
+  """A venv under /tmp (as a CI job might make) must stay reachable although the view gets its own /tmp."""
+  import subprocess
+  import sys
+
+  venv = tmp_path / "venv"
+  subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  probe = ("from jaxloc.tasks import sandbox; "
+           "r = sandbox.run_program('import subprocess, sys; "
+           "print(subprocess.run([sys.executable, \"-c\", \"print(6 * 7)\"], capture_output=True, text=True).stdout)'); "
+           "print(r.status, r.stdout.strip(), r.stderr[-300:])")
+  out = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": root})
+  assert out.stdout.split()[:2] == ["passed", "42"], out.stdout + out.stderr
