@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import NamedTuple
 
 import jax
