@@ -1,9 +1,14 @@
-"""A localization run end to end: measure (resumably), rank, validate, write the outputs.
+"""A localization run end to end: measure every task under the same masks (resumably), rank, select, find the
+universal heads, validate on held-out documents, bootstrap the confidence, write the outputs.
 
-Outputs in `output_dir` (contract, ARCHITECTURE.md): `measurements.npz`, `heads.json`,
-`coefficients.npy` [layers, heads], and after validation `ablation.json`; `jaxloc.report` draws
-`heatmap.png` and `ablation_curve.png` from them. The runner drives the method through its plan
-(`methods.base`) and never asks which method it runs.
+Outputs in `output_dir` (contract, ARCHITECTURE.md): `measurements.npz` (the target's), `heads.json`,
+`coefficients.npy` [layers, heads], and after validation `ablation.json`; each general task's measurements
+under the same masks in `general/<task>/measurements.npz` (same contract); `jaxloc.report` draws the plots.
+The runner drives the method through its plan (`methods.base`) and never asks which method it runs.
+
+Documents: every task has identification documents (the design is scored on them) and, when validating,
+held-out documents disjoint from them (`--validation_samples`); every reported drop is held out unless
+labelled in-sample.
 
 Axes: `masks` M, `layers` L, `heads` H, N = L * H flattened (flat = layer * H + head).
 """
@@ -22,57 +27,109 @@ from tqdm import tqdm
 from jaxloc import files
 from jaxloc.errors import UserError
 from jaxloc.heads import head_name, parse_heads
-from jaxloc.localize import designs, methods, validate
+from jaxloc.localize import confidence, designs, methods, specificity, validate
 from jaxloc.localize.measurements import MeasurementStore
 from jaxloc.localize.settings import LocalizeSettings
-from jaxloc.tasks.evaluation import Evaluator, load_task
+from jaxloc.report.summary import task_label
+from jaxloc.tasks.evaluation import Evaluator, load_task_split
 
 log = logging.getLogger(__name__)
+
+# Masks scored on every task before the next ones: a resumed run re-measures at most this many.
+MASKS_PER_ROUND = 64
+
+
+@dataclasses.dataclass
+class TaskDocs:
+  """A task with its identification and held-out documents, loaded before the model (`load_tasks`)."""
+
+  name: str
+  task: Any
+  docs: list
+  held_out: list
+  metric: str
 
 
 @dataclasses.dataclass
 class Tasks:
-  """The target and general tasks with their documents, loaded before the model (`load_tasks`)."""
+  target: TaskDocs
+  general: list[TaskDocs]
 
-  target: tuple[Any, list]  # (task, docs)
-  general: dict[str, tuple[Any, list]]  # name -> (task, docs)
-  metric: str
+  @property
+  def all(self) -> list[TaskDocs]:
+    return [self.target, *self.general]
 
 
 def load_tasks(settings: LocalizeSettings) -> Tasks:
   """Checks the settings and loads every task the run needs, so that an unknown task or metric, a missing
-  dataset or bad method options are reported before the model loads."""
+  dataset, too few documents for held-out validation or bad method options are reported before the model
+  loads."""
   settings.check()
-  target = load_task(settings.task, settings.task_options, num_samples=settings.num_samples, seed=settings.seed,
-                     data_dir=settings.data_dir)
-  task = target[0]
+  held_out = settings.validation_samples if settings.validate else 0
+  task, docs, held = load_task_split(settings.task, settings.task_options, num_samples=settings.num_samples,
+                                     validation_samples=held_out, seed=settings.seed, data_dir=settings.data_dir)
   metric = settings.metric or task.default_metric
   if metric not in task.metric_names:
     raise UserError(f"--metric={metric} is not a metric of {settings.task}; it has {', '.join(task.metric_names)}")
   if methods.get(settings.method).uses_gradient and task.output_type != "loglikelihood":
     raise UserError(f"--method={settings.method} needs a scored (loglikelihood) task; {settings.task} is a "
                     "generation task: use cs_stratified, two_stage or one_shot_greedy")
-  general = {}
-  if settings.validate:
-    general = {name: load_task(name, {}, num_samples=settings.general_samples, seed=settings.seed,
-                               data_dir=settings.data_dir)
-               for name in settings.general_tasks if name != settings.task}
-  return Tasks(target, general, metric)
+  general = []
+  for name in dict.fromkeys(settings.general_tasks):
+    if name != settings.task:
+      g_task, g_docs, g_held = load_task_split(name, {}, num_samples=settings.general_samples,
+                                               validation_samples=held_out, seed=settings.seed,
+                                               data_dir=settings.data_dir)
+      general.append(TaskDocs(name, g_task, g_docs, g_held, g_task.default_metric))
+  return Tasks(TaskDocs(settings.task, task, docs, held, metric), general)
 
 
-def measure(store: MeasurementStore, plan: methods.Plan, target: Evaluator, progress: bool = True) -> None:
-  """Measures what `plan` asks for, saving after every engine batch; resumes from `store`."""
-  total = plan.expected_total()
-  bar = tqdm(total=total, initial=min(len(store), total), desc=f"measuring {target.name}", unit="mask",
+@dataclasses.dataclass
+class Measuring:
+  """One task's measurements under the design and the evaluator that adds to them."""
+
+  store: MeasurementStore
+  evaluator: Evaluator
+
+
+def measure(plan: methods.Plan, target: Measuring, general: list[Measuring], progress: bool = True) -> None:
+  """Measures what `plan` asks for on the target and every general task (the same masks), saving after every
+  engine batch; resumes from the stores (a general task that fell behind catches up first)."""
+  tasks = [target, *general]
+  total = plan.expected_total() * len(tasks)
+  bar = tqdm(total=total, initial=min(sum(len(t.store) for t in tasks), total), unit="task·mask",
+             desc=f"measuring {task_label(target.evaluator.name)}" + (f" +{len(general)} general" if general else ""),
              disable=not progress, dynamic_ncols=True)
+
+  def score(task: Measuring, masks: np.ndarray) -> None:
+    for where, metrics in task.evaluator.batches((~masks).astype(np.float32), per_doc=True):
+      task.store.append(masks[where], metrics)
+      bar.update(where.stop - where.start)
+      bar.set_postfix({task_label(task.evaluator.name): f"{float(np.mean(metrics[task.store.metric])):.3f}"})
+
   try:
-    while (todo := plan.next_masks(store)) is not None:
-      for where, metrics in target.batches((~todo).astype(np.float32)):
-        store.append(todo[where], metrics)
-        bar.update(where.stop - where.start)
-        bar.set_postfix({store.metric: f"{float(np.mean(metrics[store.metric])):.3f}"})
+    for task in general:
+      n = len(task.store)
+      if n > len(target.store) or not np.array_equal(task.store.masks, target.store.masks[:n]):
+        raise UserError(f"{task.store.path} does not hold the masks of {target.store.path}; move "
+                        f"{task.store.output_dir} away to re-measure {task.evaluator.name}")
+      if n < len(target.store):
+        score(task, target.store.masks[n:])
+    while (todo := plan.next_masks(target.store)) is not None:
+      for start in range(0, len(todo), MASKS_PER_ROUND):
+        for task in tasks:
+          score(task, todo[start:start + MASKS_PER_ROUND])
   finally:
     bar.close()
+
+
+def _store(settings: LocalizeSettings, method, directory: str, task: TaskDocs, num_samples: int, shape
+           ) -> MeasurementStore:
+  measurement_settings = {**settings.shared_measurement_settings(), **method.measurement_settings(settings),
+                          "task": task.name, "num_samples": num_samples}
+  if task.name != settings.task:
+    measurement_settings["task_options"] = {}
+  return MeasurementStore(directory, measurement_settings, task.metric, *shape)
 
 
 def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, progress: bool = True
@@ -84,73 +141,154 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
   start = time.perf_counter()
   compiled_before = engine.compile_count
   c = engine.config
+  shape = (c.num_layers, c.num_heads)
   exclude = parse_heads(settings.exclude_heads, c.num_layers, c.num_heads)
   settings.exclude_heads = [head_name(*h) for h in exclude]
   excluded = designs.excluded_heads(settings.exclude_heads, c.num_layers * c.num_heads, num_heads=c.num_heads)
-  target = Evaluator.build(engine, settings.task, *tasks.target, settings.ablation)
-  store = MeasurementStore(settings.output_dir, {**settings.shared_measurement_settings(),
-                                                 **method.measurement_settings(settings)},
-                           tasks.metric, c.num_layers, c.num_heads)
-  resumed = len(store)
-  if store.baseline is None:
-    baseline = target.run(np.ones((1, c.num_layers, c.num_heads), np.float32))
-    store.set_baseline({k: float(v[0]) for k, v in baseline.items()})
-  log.info("%s baseline %s = %.4f (%d samples)%s", settings.task, tasks.metric, store.baseline, len(target.docs),
-           f"; resuming after {resumed} saved masks" if resumed else "")
+  name = lambda h: head_name(*divmod(int(h), c.num_heads))  # noqa: E731
+
+  identification = [Evaluator.build(engine, t.name, t.task, t.docs, settings.ablation) for t in tasks.all]
+  measuring = [Measuring(_store(settings, method, settings.output_dir, tasks.target, settings.num_samples, shape),
+                         identification[0])]
+  for t, evaluator in zip(tasks.general, identification[1:]):
+    directory = os.path.join(settings.output_dir, "general", task_label(t.name))
+    measuring.append(Measuring(_store(settings, method, directory, t, settings.general_samples, shape), evaluator))
+  resumed = len(measuring[0].store)
+  for m in measuring:
+    if m.store.baseline is None:
+      baseline = m.evaluator.run(np.ones((1, *shape), np.float32), per_doc=True)
+      m.store.set_baseline({k: v[0] for k, v in baseline.items()})
+  target_store = measuring[0].store
+  log.info("%s baseline %s = %.4f (%d samples)%s", settings.task, target_store.metric, target_store.baseline,
+           len(tasks.target.docs), f"; resuming after {resumed} saved masks" if resumed else "")
   timing["setup_seconds"] = time.perf_counter() - start
 
   def gradient() -> np.ndarray:
     t = time.perf_counter()
-    change = target.first_order_change()
+    change = identification[0].first_order_change()
     timing["gradient_seconds"] = time.perf_counter() - t
     return change
 
   context = methods.Context(c.num_layers, c.num_heads, excluded, gradient, directory=settings.output_dir)
   plan = method.plan(settings, context)
   t = time.perf_counter()
-  measure(store, plan, target, progress)
+  measure(plan, measuring[0], measuring[1:], progress)
   timing["measure_seconds"] = time.perf_counter() - t
-  timing["measured_this_run"] = len(store) - resumed
+  timing["measured_this_run"] = len(target_store) - resumed
   if timing["measured_this_run"]:
     timing["seconds_per_mask"] = timing["measure_seconds"] / timing["measured_this_run"]
 
   t = time.perf_counter()
-  ranking = plan.rank(store)
+  ranking = plan.rank(target_store)
+  general_rankings = [specificity.estimate(plan, m.store) for m in measuring[1:]]
   timing["solve_seconds"] = time.perf_counter() - t
-  files.save_array(os.path.join(settings.output_dir, "coefficients.npy"),
-                   ranking.values.reshape(c.num_layers, c.num_heads))
+  files.save_array(os.path.join(settings.output_dir, "coefficients.npy"), ranking.values.reshape(shape))
+  effects = specificity.Effects(
+      [t.name for t in tasks.all],
+      np.stack([specificity.relative_drops(r, m.store.baseline) for r, m in zip([ranking, *general_rankings],
+                                                                                 measuring)]))
   order = [int(h) for h in ranking.order if not excluded[h]]
+  metrics = [t.metric for t in tasks.all]
 
-  universal: list[int] = []
+  # Universal heads: flagged by the estimates, confirmed by single-head ablation on documents the design never
+  # saw (held out; the identification documents when not validating).
+  t = time.perf_counter()
   if settings.validate:
-    t = time.perf_counter()
-    general = [Evaluator.build(engine, name, task, docs, settings.ablation)
-               for name, (task, docs) in tasks.general.items()]
-    candidates = order[:settings.universal_candidates]
-    universal, universal_detail = validate.find_universal_heads(candidates, target, general,
-                                                                settings.universal_threshold)
-    filtered = [h for h in order if h not in universal]
-    ablation = validate.ablation_curve(filtered, settings.top_k, target, general)
-    ablation.update(universal_heads=[head_name(*divmod(h, c.num_heads)) for h in universal],
-                    universal_threshold=settings.universal_threshold, single_head_drops=universal_detail,
-                    metric=tasks.metric)
+    confirming = [Evaluator(engine, e.name, e.task, td.held_out, e.head_fill) for e, td in zip(identification, tasks.all)]
+  else:
+    confirming = identification
+  candidates = specificity.universal_candidates(effects, order, excluded, settings.universal_threshold,
+                                                settings.universal_min_tasks, settings.universal_candidates)
+  count = max(settings.curve_k, settings.top_k)
+  provisional = specificity.select(order, effects, excluded, [], settings.selection,
+                                   settings.specific_max_general_drop, count)
+  alone_heads = list(dict.fromkeys(candidates + provisional))
+  alone = validate.single_head_drops(alone_heads, confirming, metrics)
+  alone_by_head = dict(zip(alone_heads, alone))
+  universal = [h for h in candidates
+               if specificity.breaks(alone_by_head[h], settings.universal_threshold, settings.universal_min_tasks)]
+  selected = specificity.select(order, effects, excluded, universal, settings.selection,
+                                settings.specific_max_general_drop, count)
+  missing = [h for h in selected if h not in alone_by_head]
+  if missing:
+    alone_by_head.update(zip(missing, validate.single_head_drops(missing, confirming, metrics)))
+  top = selected[:settings.top_k]
+  if len(top) < settings.top_k:
+    log.warning("only %d heads qualify under --selection=%s (try --selection=raw or a larger "
+                "--specific_max_general_drop)", len(top), settings.selection)
+
+  split = "held_out" if settings.validate else "in_sample"
+  single = {name(h): {task_label(e.name): float(d) for e, d in zip(confirming, alone_by_head[h])}
+            for h in list(dict.fromkeys(selected + candidates))}
+  if settings.validate:
+    curve = validate.ablation_curve(selected, settings.curve_k, confirming, metrics)
+    in_sample = validate.ablation_curve(top, len(top), identification, metrics)
+    ablation: dict[str, Any] = {
+        "metric": target_store.metric, "selection": settings.selection, "heads": [name(h) for h in top],
+        "held_out": validate.drops_at(curve, min(len(top), len(curve["k"]) - 1)),
+        "in_sample": validate.drops_at(in_sample, len(top)),
+        "specificity_curve": curve,
+        "single_head_drops": single, "single_head_split": split,
+        "universal_heads": [name(h) for h in universal],
+    }
+    if settings.selection != "raw":
+      raw = specificity.select(order, effects, excluded, universal, "raw", 0.0, settings.curve_k)
+      ablation["raw_specificity_curve"] = validate.ablation_curve(raw, settings.curve_k, confirming, metrics)
     files.write_json(os.path.join(settings.output_dir, "ablation.json"), ablation)
-    timing["validate_seconds"] = time.perf_counter() - t
+  timing["validate_seconds"] = time.perf_counter() - t
+
+  t = time.perf_counter()
+  bootstrap_plans = [_bootstrap_plan(method, settings, context, r) for r in [ranking, *general_rankings]]
+
+  def select(rankings):
+    drops = np.stack([specificity.relative_drops(r, m.store.baseline) for r, m in zip(rankings, measuring)])
+    resampled = specificity.Effects(effects.tasks, drops)
+    return specificity.select([h for h in rankings[0].order if not excluded[h]], resampled, excluded, universal,
+                              settings.selection, settings.specific_max_general_drop, settings.top_k)
+
+  conf = confidence.bootstrap(bootstrap_plans, [m.store for m in measuring], select, settings.top_k,
+                              settings.bootstrap, settings.seed, progress)
+  timing["bootstrap_seconds"] = time.perf_counter() - t
   timing["total_seconds"] = time.perf_counter() - start
 
-  # Every head, most important first; universal heads (filtered from the top-k) and excluded heads last.
-  ordered = [h for h in order if h not in universal] + universal + np.flatnonzero(excluded).tolist()
-  heads = [{"name": head_name(*divmod(h, c.num_heads)), "layer": h // c.num_heads, "head": h % c.num_heads,
-            "score": float(ranking.values[h])} for h in ordered]
+  # Every head: the selection first (in order), then the other ranked heads, universal and excluded heads last.
+  chosen = set(selected) | set(universal)
+  ordered = selected + [h for h in order if h not in chosen] + universal + np.flatnonzero(excluded).tolist()
+  heads = []
+  for h in ordered:
+    entry = {"name": name(h), "layer": h // c.num_heads, "head": h % c.num_heads, "score": float(ranking.values[h]),
+             "estimated_relative_drop": {task_label(k): v for k, v in effects.of(h).items()}}
+    if conf is not None:
+      entry.update(selection_frequency=float(conf.selection_frequency[h]),
+                   interval=[float(conf.low[h]), float(conf.high[h])])
+    if name(h) in single:
+      entry[f"{split}_single_head_drop"] = single[name(h)]
+    heads.append(entry)
   payload = {
-      "model": settings.model, "task": settings.task, "method": settings.method, "metric": tasks.metric,
-      "num_layers": c.num_layers, "num_heads": c.num_heads, "num_evaluations": len(store),
-      "baseline": store.baseline, "heads": heads,
-      "top_k": [h["name"] for h in heads[:settings.top_k]],
-      "universal_heads": [head_name(*divmod(h, c.num_heads)) for h in universal],
+      "model": settings.model, "task": settings.task, "method": settings.method, "metric": target_store.metric,
+      "num_layers": c.num_layers, "num_heads": c.num_heads, "num_evaluations": len(target_store),
+      "baseline": target_store.baseline, "num_docs": len(tasks.target.docs), "heads": heads,
+      "top_k": [name(h) for h in top], "selection": specificity.selection_rule(settings.selection,
+                                                                                settings.specific_max_general_drop),
+      "universal_heads": [name(h) for h in universal],
+      "universal": {"rule": specificity.universal_rule(settings.universal_threshold, settings.universal_min_tasks),
+                    "threshold": settings.universal_threshold, "min_tasks": settings.universal_min_tasks,
+                    "confirmed_on": split, "candidates": [name(h) for h in candidates]},
+      "general_tasks": {task_label(m.evaluator.name): {"metric": m.store.metric, "baseline": m.store.baseline,
+                                                       "num_docs": len(m.evaluator.docs)} for m in measuring[1:]},
+      "confidence": conf.facts() if conf is not None else None,
       "solver": ranking.facts, "flags": dataclasses.asdict(settings), "timing": timing,
       "engine": {"compilations": engine.compile_count - compiled_before,
                  "seconds_per_mask": timing.get("seconds_per_mask")},
   }
   files.write_json(os.path.join(settings.output_dir, "heads.json"), payload)
   return payload
+
+
+def _bootstrap_plan(method, settings: LocalizeSettings, context: methods.Context, ranking: methods.Ranking):
+  """The plan a bootstrap re-estimates with: the run's, with a cross-validated Lasso alpha fixed at the value the
+  full data chose (the alpha is part of the fit; re-running CV per resample would cost seconds each)."""
+  alpha = ranking.facts.get("lasso_alpha")
+  if settings.lasso_alpha == "cv" and alpha is not None:
+    settings = dataclasses.replace(settings, lasso_alpha=repr(float(alpha)))
+  return method.plan(settings, context)

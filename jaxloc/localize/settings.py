@@ -53,13 +53,31 @@ class LocalizeSettings:
   seed: int = setting(0, "Seed of the design, the CV folds and the document subset.")
   data_dir: str = setting(None, "Directory of offline dataset files (default $JAXLOC_DATA).", type=str)
   ablation: str = setting("zero", "Zero ablation or mean ablation.", choices=("zero", "mean"))
-  validate: bool = setting(True, "Ablate the top-k heads and measure the task and the general tasks.")
+  validate: bool = setting(True, "Ablate the selected heads on held-out documents of the task and the general tasks.")
   general_tasks: list = setting(["counting", "plurals", "induction", "arithmetic_1d_4shot"],
-                                "Tasks that check specificity (and detect universal heads).")
-  general_samples: int = setting(100, "Documents per general task.", lower=1)
-  universal_threshold: float = setting(0.5, "Relative drop on every general task that marks a head universal.",
+                                "Tasks scored under every design mask beside the target (each head gets an "
+                                "estimated effect on each), used to select specific heads, find universal heads "
+                                "and check specificity. The target is left out of this list.")
+  general_samples: int = setting(100, "Identification documents per general task.", lower=1)
+  validation_samples: int = setting(100, "Held-out documents per task (target and general) for validation, "
+                                    "disjoint from the identification documents.", lower=1)
+  selection: str = setting("specific", "specific: the top-k among heads whose estimated relative drop on every "
+                           "general task is at most --specific_max_general_drop; raw: the target ranking as is. "
+                           "Universal heads are left out of both.", choices=("specific", "raw"))
+  specific_max_general_drop: float = setting(0.1, "--selection=specific: the largest estimated relative drop on "
+                                             "any general task a selected head may have.", lower=0.0, upper=1.0)
+  universal_threshold: float = setting(0.3, "A head is universal when ablating it alone drops at least "
+                                       "--universal_min_tasks tasks (target included) by at least this (relative), "
+                                       "estimated from the design and confirmed on held-out documents.",
                                        lower=1e-6, upper=1.0)
-  universal_candidates: int = setting(10, "Top-ranked heads tested for universality.", lower=0)
+  universal_min_tasks: int = setting(2, "Tasks a universal head must break (see --universal_threshold).", lower=1)
+  universal_candidates: int = setting(10, "At most this many heads the estimates flag as universal are confirmed "
+                                      "by ablating them alone (best-ranked on the target first).", lower=0)
+  curve_k: int = setting(10, "Heads in the specificity curve (the target drop and the largest general drop for "
+                         "the top 1..curve_k selected heads ablated together, held out).", lower=1)
+  bootstrap: int = setting(200, "Bootstrap resamples (of documents, and of masks for random designs) that give each "
+                           "head a selection frequency and an interval on its value; no model evaluations. 0: off.",
+                           lower=0)
 
   def check(self) -> None:
     """The checks every method shares (bounds are also enforced by the flags)."""

@@ -1,10 +1,8 @@
-"""After identification: does ablating the top heads destroy the task and spare everything else?
+"""After identification: ablate heads on documents and measure every task (held-out documents in a run).
 
-Axes: `k` (0 = unablated, then the top-1, top-2, ... heads ablated together), `layers`, `heads`.
-
-Universal heads are heads whose ablation alone drops *every* general task by at least
-`universal_threshold` (relative): they break the model rather than the capability. They are tested
-among the top candidates, reported apart, and left out of the top-k (the paper filters them too).
+Axes: `k` (0 = unablated, then the first 1, 2, ... heads of an order ablated together), `layers`, `heads`.
+An `eval_sets` list holds the target first, then the general tasks; each is measured in its own metric
+(`metrics`, the target's localized metric and each general task's default metric).
 """
 
 from __future__ import annotations
@@ -25,66 +23,56 @@ def relative_drop(baseline: float, values: np.ndarray) -> np.ndarray:
   return (baseline - values) / abs(baseline)
 
 
-def _cumulative_masks(ranking: Sequence[int], top_k: int, num_layers: int, num_heads: int) -> np.ndarray:
-  """Keep-masks [k+1, L, H]: row k ablates the first k heads of `ranking`."""
-  masks = np.ones((top_k + 1, num_layers * num_heads), np.float32)
-  for k in range(1, top_k + 1):
-    masks[k:, ranking[k - 1]] = 0
-  return masks.reshape(top_k + 1, num_layers, num_heads)
+def _cumulative_masks(order: Sequence[int], k: int, num_layers: int, num_heads: int) -> np.ndarray:
+  """Keep-masks [k+1, L, H]: row j ablates the first j heads of `order`."""
+  masks = np.ones((k + 1, num_layers * num_heads), np.float32)
+  for j in range(1, k + 1):
+    masks[j:, order[j - 1]] = 0
+  return masks.reshape(k + 1, num_layers, num_heads)
 
 
-def single_head_drops(candidates: Sequence[int], eval_sets: Sequence[Evaluator]) -> np.ndarray:
-  """Relative drop [candidates, eval sets] of each set's default metric with one candidate ablated."""
-  c = eval_sets[0].engine.config
-  drops = np.zeros((len(candidates), len(eval_sets)))
-  if not candidates:
+def _scores(eval_sets: Sequence[Evaluator], metrics: Sequence[str], keep: np.ndarray) -> list[np.ndarray]:
+  return [np.asarray(s.run(keep)[m], np.float64) for s, m in zip(eval_sets, metrics)]
+
+
+def single_head_drops(heads: Sequence[int], eval_sets: Sequence[Evaluator], metrics: Sequence[str]
+                      ) -> np.ndarray:
+  """Relative drop [heads, eval sets] of each set's metric with one head ablated."""
+  drops = np.zeros((len(heads), len(eval_sets)))
+  if not len(heads):
     return drops
-  masks = np.ones((len(candidates) + 1, c.num_layers * c.num_heads), np.float32)
-  for row, head in enumerate(candidates, start=1):
-    masks[row, head] = 0
-  masks = masks.reshape(-1, c.num_layers, c.num_heads)
-  for j, eval_set in enumerate(eval_sets):
-    metric = eval_set.task.default_metric
-    values = eval_set.run(masks)[metric]
+  c = eval_sets[0].engine.config
+  keep = np.ones((len(heads) + 1, c.num_layers * c.num_heads), np.float32)
+  keep[np.arange(1, len(heads) + 1), np.asarray(heads, np.int64)] = 0
+  for j, values in enumerate(_scores(eval_sets, metrics, keep.reshape(-1, c.num_layers, c.num_heads))):
     drops[:, j] = relative_drop(float(values[0]), values[1:])
   return drops
 
 
-def find_universal_heads(candidates: Sequence[int], target: Evaluator, general: Sequence[Evaluator],
-                         threshold: float) -> tuple[list[int], dict[str, dict[str, float]]]:
-  """Candidates whose ablation alone drops every general task by ≥ threshold (relative).
-
-  Returns them and, per candidate, its single-head drop on the target and on every general task.
-  """
-  c = target.engine.config
-  eval_sets = [target, *general]
-  drops = single_head_drops(candidates, eval_sets)
-  universal = []
-  if general:
-    universal = [int(h) for h, row in zip(candidates, drops[:, 1:])
-                 if np.all(np.nan_to_num(row, nan=0.0) >= threshold)]
-  detail = {head_name(*divmod(int(h), c.num_heads)): {s.name: float(d) for s, d in zip(eval_sets, row)}
-            for h, row in zip(candidates, drops)}
-  return universal, detail
-
-
-def ablation_curve(ranking: Sequence[int], top_k: int, target: Evaluator, general: Sequence[Evaluator]
+def ablation_curve(order: Sequence[int], k: int, eval_sets: Sequence[Evaluator], metrics: Sequence[str]
                    ) -> dict[str, Any]:
-  """Task and general-task metrics with the top-1..k heads ablated (k = 0 is the unablated model)."""
-  c = target.engine.config
-  masks = _cumulative_masks(ranking, top_k, c.num_layers, c.num_heads)
-  task_metrics = target.run(masks)
-  result: dict[str, Any] = {
-      "heads": [head_name(*divmod(int(h), c.num_heads)) for h in ranking[:top_k]],
-      "k": list(range(top_k + 1)),
-      "task": {"name": target.name, "default_metric": target.task.default_metric,
-               "metrics": {m: np.asarray(v, float).tolist() for m, v in task_metrics.items()},
-               "relative_drop": {m: relative_drop(float(v[0]), v).tolist() for m, v in task_metrics.items()}},
-      "general": {},
+  """Every task's metric and relative drop with the first 0..k heads of `order` ablated together, and the
+  largest general drop at each k (the specificity curve when `order` is a selection)."""
+  c = eval_sets[0].engine.config
+  k = min(k, len(order))
+  keep = _cumulative_masks(order, k, c.num_layers, c.num_heads)
+  scores = _scores(eval_sets, metrics, keep)
+  drops = [relative_drop(float(v[0]), v) for v in scores]
+  general = np.array(drops[1:]) if len(drops) > 1 else np.full((1, k + 1), np.nan)
+  entry = lambda s, m, v, d: {"metric": m, "num_docs": len(s.docs), "scores": v.tolist(),  # noqa: E731
+                              "relative_drop": d.tolist()}
+  return {
+      "heads": [head_name(*divmod(int(h), c.num_heads)) for h in order[:k]],
+      "k": list(range(k + 1)),
+      "task": {"name": eval_sets[0].name, **entry(eval_sets[0], metrics[0], scores[0], drops[0])},
+      "general": {s.name: entry(s, m, v, d) for s, m, v, d in zip(eval_sets[1:], metrics[1:], scores[1:], drops[1:])},
+      "max_general_relative_drop": [None if np.all(np.isnan(col)) else float(np.nanmax(col)) for col in general.T],
   }
-  for eval_set in general:
-    metric = eval_set.task.default_metric
-    values = eval_set.run(masks)[metric]
-    result["general"][eval_set.name] = {"metric": metric, "scores": np.asarray(values, float).tolist(),
-                                        "relative_drop": relative_drop(float(values[0]), values).tolist()}
-  return result
+
+
+def drops_at(curve: dict[str, Any], k: int) -> dict[str, Any]:
+  """The `held_out`/`in_sample` record of ablation.json: the drops with the first k heads of a curve ablated."""
+  return {"num_docs": curve["task"]["num_docs"], "k": k, "heads": curve["heads"][:k],
+          "task_relative_drop": curve["task"]["relative_drop"][k],
+          "general_relative_drop": {name: g["relative_drop"][k] for name, g in curve["general"].items()},
+          "general_num_docs": {name: g["num_docs"] for name, g in curve["general"].items()}}

@@ -1,4 +1,6 @@
-"""Pictures of a localization run: the layer × head coefficient heatmap and the top-k ablation curve."""
+"""Pictures of a localization run: the layer × head coefficient heatmap (top-k boxed with their bootstrap
+selection frequency, universal heads crossed), the held-out ablation curve of every task for the selected heads,
+and the specificity curve (target drop against the largest general drop, selected vs raw ranking)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,13 @@ def heatmap(coefficients: np.ndarray, heads: dict[str, Any], path: str) -> None:
   limit = float(np.abs(coefficients).max()) or 1.0
   fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * num_heads + 2.5), max(4.0, 0.22 * num_layers + 1.5)))
   image = ax.imshow(coefficients, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto", interpolation="nearest")
-  top = {(h["layer"], h["head"]) for h in heads["heads"] if h["name"] in set(heads["top_k"])}
-  for layer, head in top:
-    ax.add_patch(plt.Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
+  for h in heads["heads"]:
+    if h["name"] in set(heads["top_k"]):
+      ax.add_patch(plt.Rectangle((h["head"] - 0.5, h["layer"] - 0.5), 1, 1, fill=False, edgecolor="black",
+                                 linewidth=2))
+      if "selection_frequency" in h:
+        ax.annotate(f"{100 * h['selection_frequency']:.0f}%", (h["head"] + 0.55, h["layer"]), fontsize=7,
+                    va="center", ha="left", color="black")
   by_name = {h["name"]: h for h in heads["heads"]}
   for name in heads.get("universal_heads", []):
     h = by_name[name]
@@ -34,6 +40,7 @@ def heatmap(coefficients: np.ndarray, heads: dict[str, Any], path: str) -> None:
   fig.colorbar(image, ax=ax, label=f"{label} ({heads['metric']})")
   ax.set_title(f"{heads['task']} on {os.path.basename(str(heads['model']))}: {heads['method']}, "
                f"{heads['num_evaluations']} evaluations\nboxed: top-{len(heads['top_k'])}"
+               + (" (bootstrap selection frequency)" if heads.get("confidence") else "")
                + (", x: universal" if heads.get("universal_heads") else ""), fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=130)
@@ -41,23 +48,47 @@ def heatmap(coefficients: np.ndarray, heads: dict[str, Any], path: str) -> None:
 
 
 def ablation_curve(ablation: dict[str, Any], path: str) -> None:
-  """Relative drop of the task and of each general task as the top-1..k heads are ablated together."""
-  k = ablation["k"]
-  task = ablation["task"]
-  metric = task["default_metric"]
+  """Held-out relative drop of the target and of each general task as the selected heads are ablated together."""
+  curve = ablation["specificity_curve"]
+  k = curve["k"]
+  task = curve["task"]
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
-  ax.plot(k, np.array(task["relative_drop"][metric]) * 100, marker="o", linewidth=2.5, color="black",
-          label=f"{task['name']} ({metric})")
-  for name, general in ablation["general"].items():
-    ax.plot(k, np.array(general["relative_drop"]) * 100, marker=".", linewidth=1.2, alpha=0.8,
+  ax.plot(k, np.array(task["relative_drop"], float) * 100, marker="o", linewidth=2.5, color="black",
+          label=f"{task['name']} ({task['metric']})")
+  for name, general in curve["general"].items():
+    ax.plot(k, np.array(general["relative_drop"], float) * 100, marker=".", linewidth=1.2, alpha=0.8,
             label=f"{name} ({general['metric']})")
   ax.axhline(0, color="grey", linewidth=0.8)
   ax.set_xticks(k)
-  ax.set_xticklabels(["none"] + [f"+{h}" for h in ablation["heads"]], rotation=30, ha="right", fontsize=8)
-  ax.set_xlabel("heads ablated (cumulative, in rank order)")
-  ax.set_ylabel("relative drop (%)")
+  ax.set_xticklabels(["none"] + [f"+{h}" for h in curve["heads"]], rotation=30, ha="right", fontsize=8)
+  ax.set_xlabel(f"heads ablated (cumulative, {ablation['selection']} selection order)")
+  ax.set_ylabel("relative drop on held-out documents (%)")
   ax.legend(fontsize=8)
-  ax.set_title("Top-k ablation: target task vs general tasks", fontsize=10)
+  ax.set_title("Ablating the selected heads: target task vs general tasks", fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=130)
+  plt.close(fig)
+
+
+def specificity_curve(ablation: dict[str, Any], path: str) -> None:
+  """For k = 1..K heads ablated together (held out): the target drop and the largest general drop, for the run's
+  selection and, when it is not raw, for the raw ranking."""
+  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  curves = [(ablation["selection"], ablation["specificity_curve"], "-")]
+  if "raw_specificity_curve" in ablation:
+    curves.append(("raw", ablation["raw_specificity_curve"], "--"))
+  for label, curve, style in curves:
+    k = curve["k"]
+    ax.plot(k, np.array(curve["task"]["relative_drop"], float) * 100, style, marker="o", color="black",
+            label=f"{label}: {curve['task']['name']} drop")
+    general = np.array([np.nan if v is None else v for v in curve["max_general_relative_drop"]], float)
+    ax.plot(k, general * 100, style, marker=".", color="tab:red", label=f"{label}: largest general drop")
+  ax.axhline(0, color="grey", linewidth=0.8)
+  ax.set_xticks(curves[0][1]["k"])
+  ax.set_xlabel("top-k heads ablated together")
+  ax.set_ylabel("relative drop on held-out documents (%)")
+  ax.legend(fontsize=8)
+  ax.set_title("Specificity curve: target drop vs the largest general-task drop", fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=130)
   plt.close(fig)
@@ -76,7 +107,8 @@ def write_plots(output_dir: str) -> list[str]:
   if os.path.exists(ablation_path):
     with open(ablation_path) as f:
       ablation = json.load(f)
-    path = os.path.join(output_dir, "ablation_curve.png")
-    ablation_curve(ablation, path)
-    written.append(path)
+    for draw, file in ((ablation_curve, "ablation_curve.png"), (specificity_curve, "specificity_curve.png")):
+      path = os.path.join(output_dir, file)
+      draw(ablation, path)
+      written.append(path)
   return written

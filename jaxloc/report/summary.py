@@ -15,14 +15,24 @@ def _width(name: str) -> int:
   return max(12, len(task_label(name)))
 
 
+def _percent(value) -> str:
+  return "  n/a" if value is None else f"{100 * value:4.0f}%"
+
+
 def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str:
   t = heads["timing"]
   lines = [f"{task_label(heads['task'])} on {heads['model']} ({heads['method']}, metric {heads['metric']}): "
-           f"{heads['num_evaluations']} evaluations, baseline {heads['baseline']:.4f}, "
-           f"{t['total_seconds']:.0f}s total ({t['measure_seconds']:.0f}s measuring)"]
+           f"{heads['num_evaluations']} evaluations, baseline {heads['baseline']:.4f}"
+           + (f" on {heads['num_docs']} documents" if heads.get("num_docs") else "")
+           + f", {t['total_seconds']:.0f}s total ({t['measure_seconds']:.0f}s measuring)"]
+  general = heads.get("general_tasks") or {}
+  if general:
+    lines.append("general tasks scored under the same masks: " + ", ".join(
+        f"{name} ({g['metric']} {g['baseline']:.3f})" for name, g in general.items()))
   engine = heads.get("engine") or {}
   if engine.get("compilations") is not None and engine.get("seconds_per_mask"):
-    lines.append(f"engine: {engine['seconds_per_mask']:.3f}s per mask, {engine['compilations']} compiled shapes")
+    lines.append(f"engine: {engine['seconds_per_mask']:.3f}s per mask (all tasks), {engine['compilations']} "
+                 "compiled shapes")
   solver = heads.get("solver") or {}
   if "lasso_alpha" in solver:
     line = (f"Lasso alpha {solver['lasso_alpha']:.3g} ({solver['alpha_selection']}), {solver['nonzero']} nonzero "
@@ -30,27 +40,45 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
     if "sklearn_max_abs_diff" in solver:
       line += f", max |coef - sklearn| {solver['sklearn_max_abs_diff']:.2e}"
     lines.append(line)
-  alone = (ablation or {}).get("single_head_drops", {})
-  general_names = ([ablation["task"]["name"]] + list(ablation["general"])) if ablation else []
-  header = f"{'rank':>4s}  {'head':8s} {'score':>10s}"
-  if alone:
-    header += "   ablated alone, relative drop: " + "  ".join(f"{task_label(n):>{_width(n)}s}" for n in general_names)
+  if heads.get("selection"):
+    lines.append(f"selection: {heads['selection']}")
+  by_name = {h["name"]: h for h in heads["heads"]}
+  universal = heads.get("universal") or {}
+  if universal:
+    lines.append(f"universal heads ({universal['rule']}): " + (", ".join(heads["universal_heads"]) or "none"))
+  split = (universal.get("confirmed_on") or "held_out").replace("_", "-")
+  for name in heads.get("universal_heads", []):
+    drops = by_name[name].get(f"{universal.get('confirmed_on')}_single_head_drop", {})
+    lines.append(f"  {name}: " + ", ".join(f"{task} {_percent(d).strip()}" for task, d in drops.items()))
+  tasks = [task_label(heads["task"])] + list(general)
+  width = [max(9, len(n)) for n in tasks]
+  confident = heads.get("confidence") is not None
+  header = f"{'rank':>4s}  {'head':7s} {'value':>8s}"
+  if confident:
+    header += f" {'selected':>8s} {'95% interval':>17s}"
+  header += f"   ablated alone ({split}), relative drop: " + " ".join(f"{n:>{w}s}" for n, w in zip(tasks, width))
   lines.append(header)
-  for rank, h in enumerate(heads["heads"][:len(heads["top_k"])], start=1):
-    line = f"{rank:4d}  {h['name']:8s} {h['score']:10.4f}"
-    if h["name"] in alone:
-      line += " " * 31 + "  ".join(f"{100 * alone[h['name']].get(n, float('nan')):{_width(n) - 1}.0f}%"
-                                   for n in general_names)
+  for rank, name in enumerate(heads["top_k"], start=1):
+    h = by_name[name]
+    line = f"{rank:4d}  {name:7s} {h['score']:8.4f}"
+    if confident:
+      low, high = h["interval"]
+      line += f" {100 * h['selection_frequency']:7.0f}% [{low:7.3f},{high:7.3f}]"
+    drops = h.get(f"{universal.get('confirmed_on', 'held_out')}_single_head_drop", {})
+    line += " " * (len(header) - len(line) - len(" ".join(f"{n:>{w}s}" for n, w in zip(tasks, width))))
+    line += " ".join(f"{_percent(drops.get(n)):>{w}s}" for n, w in zip(tasks, width))
     lines.append(line)
-  if heads.get("universal_heads"):
-    lines.append(f"universal heads (filtered out): {', '.join(heads['universal_heads'])}")
+  if confident:
+    lines.append(f"selected: share of {heads['confidence']['resamples']} bootstrap resamples "
+                 f"({heads['confidence']['resampled']}) whose top-{len(heads['top_k'])} holds the head")
   if ablation:
-    task = ablation["task"]
-    metric = task["default_metric"]
-    values, drops = task["metrics"][metric], task["relative_drop"][metric]
-    lines.append(f"ablating the top-{len(ablation['heads'])}: {task_label(task['name'])} {metric} {values[0]:.3f} -> "
-                 f"{values[-1]:.3f} ({100 * drops[-1]:+.1f}% drop)")
-    for name, general in ablation["general"].items():
-      lines.append(f"  general {name:22s} {general['metric']:9s} {general['scores'][0]:.3f} -> "
-                   f"{general['scores'][-1]:.3f} ({100 * general['relative_drop'][-1]:+.1f}% drop)")
+    for key, label in (("held_out", "held-out"), ("in_sample", "in-sample")):
+      record = ablation.get(key)
+      if not record:
+        continue
+      general_drops = ", ".join(f"{task_label(n)} {_percent(d).strip()}" for n, d in record["general_relative_drop"]
+                                .items())
+      lines.append(f"top-{record['k']} ablated together, {label} ({record['num_docs']} documents per task): "
+                   f"{task_label(heads['task'])} {_percent(record['task_relative_drop']).strip()} drop"
+                   + (f"; general: {general_drops}" if general_drops else ""))
   return "\n".join(lines)

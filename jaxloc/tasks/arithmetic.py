@@ -88,8 +88,16 @@ class ArithmeticTask(TargetTask):
     return data.sample_docs(docs, num_samples, seed)
 
 
-# Fixed examples for the 4-shot prompt; these pairs are left out of the docs.
-FEW_SHOT_PAIRS_1D = ((2, 3), (6, 1), (4, 8), (9, 0))  # distinct sums, no answer favoured
+# Fixed examples for the 4-shot prompts; a prompt's own example pairs are left out of its docs. Each set has
+# distinct sums (no answer favoured). The first set alone gives 96 docs; the other two change the last example,
+# so that a run has enough docs for disjoint identification and held-out sets while every prompt still shares
+# the first three examples (the engine computes a prefix shared by all requests once per mask). The 96
+# one-digit sums are all the facts there are: a held-out doc may ask a sum an identification doc asks, under
+# another last example.
+FEW_SHOT_SETS_1D = (((2, 3), (6, 1), (4, 8), (9, 0)),
+                    ((2, 3), (6, 1), (4, 8), (7, 1)),
+                    ((2, 3), (6, 1), (4, 8), (5, 5)))
+FEW_SHOT_PAIRS_1D = FEW_SHOT_SETS_1D[0]
 
 
 def one_digit_few_shot_prefix(pairs=FEW_SHOT_PAIRS_1D) -> str:
@@ -101,8 +109,9 @@ class OneDigitFewShotTask(TargetTask):
 
   def load_docs(self, *, num_samples: int | None = None, seed: int = 0,
                 data_dir: str | None = None) -> list[Doc]:
-    prefix = one_digit_few_shot_prefix()
-    docs = [{"id": f"1d-{a}+{b}", "prompt": prefix + question(f"{a} plus {b}"),
-             "target": f" {a + b}"}
-            for a in range(10) for b in range(10) if (a, b) not in FEW_SHOT_PAIRS_1D]
+    docs = []
+    for index, pairs in enumerate(FEW_SHOT_SETS_1D):
+      prefix, suffix = one_digit_few_shot_prefix(pairs), f"-s{index}" if index else ""
+      docs += [{"id": f"1d-{a}+{b}{suffix}", "prompt": prefix + question(f"{a} plus {b}"), "target": f" {a + b}"}
+               for a in range(10) for b in range(10) if (a, b) not in pairs]
     return data.sample_docs(docs, num_samples, seed)

@@ -44,10 +44,22 @@ class Task(abc.ABC):
     """Engine requests for `docs`, in a fixed order that `compute_metrics` relies on."""
 
   @abc.abstractmethod
-  def compute_metrics(self, docs: Sequence[Doc],
-                      outputs: ScoreOutputs | Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
-    """Metrics per mask: name -> float [masks], each the mean over `docs`.
+  def doc_metrics(self, docs: Sequence[Doc],
+                  outputs: ScoreOutputs | Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
+    """Metrics per mask and document: name -> float [masks, docs].
 
     `outputs` is a `ScoreOutputs` for "loglikelihood" tasks, and for "generate" tasks a list
     (one per mask) of lists (one per request) of generated texts, cut at the first stop string.
+    Per-document values let a run bootstrap over documents without re-evaluating the model.
     """
+
+  def compute_metrics(self, docs: Sequence[Doc],
+                      outputs: ScoreOutputs | Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
+    """Metrics per mask: name -> float [masks], each the mean of `doc_metrics` over `docs`."""
+    return mean_over_docs(self.doc_metrics(docs, outputs))
+
+
+def mean_over_docs(doc_metrics: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """name -> float [masks] from name -> float [masks, docs] (0 where there are no docs)."""
+  return {name: (np.asarray(v, np.float64).mean(axis=1) if np.shape(v)[1] else
+                 np.zeros(np.shape(v)[0], np.float64)) for name, v in doc_metrics.items()}

@@ -53,8 +53,9 @@ def eos_stop(tokenizer) -> tuple[str, ...]:
   return (tokenizer.eos_token,) if getattr(tokenizer, "eos_token", None) else ()
 
 
-def _mean_per_mask(values: list[list[float]]) -> np.ndarray:
-  return np.array([np.mean(row) if row else 0.0 for row in values], dtype=np.float64)
+def _per_doc(values: list[list[float]], num_docs: int) -> np.ndarray:
+  """float [masks, docs] from one list of per-document values per mask."""
+  return np.array(values, dtype=np.float64).reshape(len(values), num_docs)
 
 
 _WORD_SPLIT = re.compile(r"[^a-z0-9]+")
@@ -109,10 +110,10 @@ class SwearingTask(Task):
                               max_new_tokens=self.max_new_tokens, add_special_tokens=False)
             for doc in docs]
 
-  def compute_metrics(self, docs: Sequence[Doc], outputs: Sequence[Sequence[str]]
-                      ) -> dict[str, np.ndarray]:
-    return {"profanity_count": _mean_per_mask(
-        [[count_profanity(text) for text in texts] for texts in outputs])}
+  def doc_metrics(self, docs: Sequence[Doc], outputs: Sequence[Sequence[str]]
+                  ) -> dict[str, np.ndarray]:
+    return {"profanity_count": _per_doc(
+        [[count_profanity(text) for text in texts] for texts in outputs], len(docs))}
 
 
 @functools.cache
@@ -169,9 +170,9 @@ class RhymingTask(Task):
                               stop=eos_stop(tokenizer), max_new_tokens=self.max_new_tokens,
                               add_special_tokens=False) for doc in docs]
 
-  def compute_metrics(self, docs: Sequence[Doc], outputs: Sequence[Sequence[str]]
-                      ) -> dict[str, np.ndarray]:
-    return {"rhyme_rate": _mean_per_mask(
+  def doc_metrics(self, docs: Sequence[Doc], outputs: Sequence[Sequence[str]]
+                  ) -> dict[str, np.ndarray]:
+    return {"rhyme_rate": _per_doc(
         [[float(rhymes(answer_word(text), doc["word"])) for text, doc in zip(texts, docs,
                                                                              strict=True)]
-         for texts in outputs])}
+         for texts in outputs], len(docs))}

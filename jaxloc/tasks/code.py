@@ -53,13 +53,13 @@ class _CodeTask(Task):
   def program(self, doc: Doc, completion: str) -> str:
     raise NotImplementedError
 
-  def compute_metrics(self, docs: Sequence[Doc], outputs: Sequence[Sequence[str]]
-                      ) -> dict[str, np.ndarray]:
+  def doc_metrics(self, docs: Sequence[Doc], outputs: Sequence[Sequence[str]]
+                  ) -> dict[str, np.ndarray]:
     programs = [self.program(doc, text) for texts in outputs
                 for doc, text in zip(docs, texts, strict=True)]
     results = sandbox.run_programs(programs, self.limits)
     passed = np.array([result.passed for result in results], dtype=np.float64)
-    return {"pass@1": passed.reshape(len(outputs), len(docs)).mean(axis=1)}
+    return {"pass@1": passed.reshape(len(outputs), len(docs))}
 
 
 MBPP_SPEC = data.DatasetSpec(

@@ -11,7 +11,9 @@ The engine is used through `engine.tokenizer`, `engine.score(requests, head_mask
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import json
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -19,7 +21,7 @@ from tqdm import tqdm
 
 from jaxloc.engine.requests import GenerationRequest, ScoringRequest
 from jaxloc.errors import UserError
-from jaxloc.tasks.base import Doc, Task
+from jaxloc.tasks.base import Doc, Task, mean_over_docs
 
 # Generation has no engine-side mask batches to report; this many masks go per generate call.
 GENERATION_MASKS_PER_BATCH = 16
@@ -35,17 +37,19 @@ def _check_masks(head_masks) -> None:
     raise ValueError(f"head_masks must be [masks, layers, heads], got shape {np.shape(head_masks)}")
 
 
-def _check_metrics(task: Task, metrics: dict[str, np.ndarray], num_masks: int):
+def _metrics(task: Task, docs: Sequence[Doc], outputs, num_masks: int, per_doc: bool) -> dict[str, np.ndarray]:
+  """The task's metrics for `num_masks` masks: name -> float [masks, docs] if `per_doc`, else [masks]."""
+  metrics = task.doc_metrics(docs, outputs)
   for name, values in metrics.items():
-    if np.shape(values) != (num_masks,):
+    if np.shape(values) != (num_masks, len(docs)):
       raise ValueError(f"task {task.name!r} metric {name!r} has shape {np.shape(values)}; "
-                       f"expected [{num_masks}]")
-  return metrics
+                       f"expected [{num_masks}, {len(docs)}]")
+  return metrics if per_doc else mean_over_docs(metrics)
 
 
 def run(engine, task: Task, docs: Sequence[Doc], head_masks, *, head_fill=None, tokenizer=None,
-        progress: bool = False) -> dict[str, np.ndarray]:
-  """Metrics of `task` on `docs` for every mask: name -> float [masks].
+        progress: bool = False, per_doc: bool = False) -> dict[str, np.ndarray]:
+  """Metrics of `task` on `docs` for every mask: name -> float [masks] ([masks, docs] if `per_doc`).
 
   Builds the task's requests with `tokenizer` (default `engine.tokenizer`), then calls
   `engine.score` for loglikelihood tasks or `engine.generate` for generation tasks. `progress`
@@ -62,11 +66,11 @@ def run(engine, task: Task, docs: Sequence[Doc], head_masks, *, head_fill=None, 
       outputs = engine.generate(requests, head_masks, head_fill=head_fill, progress=bar.update)
   else:
     raise ValueError(f"task {task.name!r} has unknown output_type {task.output_type!r}")
-  return _check_metrics(task, task.compute_metrics(docs, outputs), np.shape(head_masks)[0])
+  return _metrics(task, docs, outputs, num_masks, per_doc)
 
 
 def run_batches(engine, task: Task, docs: Sequence[Doc], head_masks, *, head_fill=None,
-                tokenizer=None) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
+                tokenizer=None, per_doc: bool = False) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
   """Like `run`, but yields (mask slice, metrics of those masks) as batches finish.
 
   Loglikelihood tasks follow the engine's own mask batches (`engine.score_batches`); generation
@@ -77,14 +81,12 @@ def run_batches(engine, task: Task, docs: Sequence[Doc], head_masks, *, head_fil
   num_masks = np.shape(head_masks)[0]
   if task.output_type == "loglikelihood":
     for where, outputs in engine.score_batches(requests, head_masks, head_fill=head_fill):
-      yield where, _check_metrics(task, task.compute_metrics(docs, outputs),
-                                  where.stop - where.start)
+      yield where, _metrics(task, docs, outputs, where.stop - where.start, per_doc)
   elif task.output_type == "generate":
     for begin in range(0, num_masks, GENERATION_MASKS_PER_BATCH):
       where = slice(begin, min(begin + GENERATION_MASKS_PER_BATCH, num_masks))
       texts = engine.generate(requests, np.asarray(head_masks)[where], head_fill=head_fill)
-      yield where, _check_metrics(task, task.compute_metrics(docs, texts),
-                                  where.stop - where.start)
+      yield where, _metrics(task, docs, texts, where.stop - where.start, per_doc)
   else:
     raise ValueError(f"task {task.name!r} has unknown output_type {task.output_type!r}")
 
@@ -122,6 +124,37 @@ def load_task(name: str, options: dict[str, Any] | None = None, *, num_samples: 
   return task, task.load_docs(num_samples=num_samples, seed=seed, data_dir=data_dir)
 
 
+def _doc_key(doc: Doc) -> str:
+  return json.dumps(doc, sort_keys=True, default=str)
+
+
+def load_task_split(name: str, options: dict[str, Any] | None = None, *, num_samples: int, validation_samples: int,
+                    seed: int, data_dir: str | None) -> tuple[Task, list[Doc], list[Doc]]:
+  """(task, identification docs, held-out docs): the identification docs are `load_task`'s seeded subset;
+  the held-out docs are `validation_samples` more from the same seeded draw, disjoint from them. A task with
+  too few documents for both is a UserError naming the counts."""
+  task, docs = load_task(name, options, num_samples=num_samples, seed=seed, data_dir=data_dir)
+  if not validation_samples:
+    return task, docs, []
+  wanted = num_samples + validation_samples
+  pool = task.load_docs(num_samples=wanted, seed=seed, data_dir=data_dir)
+  if len(pool) < wanted:
+    raise UserError(f"task {name} has {len(pool)} documents; identification ({num_samples}) and held-out "
+                    f"validation ({validation_samples}) need {wanted} disjoint ones: lower --num_samples / "
+                    "--general_samples or --validation_samples")
+  used = collections.Counter(_doc_key(doc) for doc in docs)
+  held_out = []
+  for doc in pool:
+    key = _doc_key(doc)
+    if used[key]:
+      used[key] -= 1
+    else:
+      held_out.append(doc)
+  if len(held_out) != validation_samples or sum(used.values()):
+    raise ValueError(f"task {name}: load_docs did not draw nested seeded subsets (data.sample_docs does)")
+  return task, docs, held_out
+
+
 @dataclasses.dataclass
 class Evaluator:
   """A task on its documents, with its mean-ablation fill, run under masks by one engine: the one way
@@ -141,11 +174,12 @@ class Evaluator:
     fill = mean_ablation_values(engine, task, docs) if ablation == "mean" else None
     return cls(engine, name, task, list(docs), fill)
 
-  def run(self, keep, *, progress: bool = False) -> dict[str, np.ndarray]:
-    return run(self.engine, self.task, self.docs, keep, head_fill=self.head_fill, progress=progress)
+  def run(self, keep, *, progress: bool = False, per_doc: bool = False) -> dict[str, np.ndarray]:
+    return run(self.engine, self.task, self.docs, keep, head_fill=self.head_fill, progress=progress,
+               per_doc=per_doc)
 
-  def batches(self, keep) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
-    return run_batches(self.engine, self.task, self.docs, keep, head_fill=self.head_fill)
+  def batches(self, keep, *, per_doc: bool = False) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
+    return run_batches(self.engine, self.task, self.docs, keep, head_fill=self.head_fill, per_doc=per_doc)
 
   def first_order_change(self) -> np.ndarray:
     """[N] first-order score change of ablating each head: -d(log-probability)/d(keep mask) at the

@@ -123,11 +123,11 @@ class GSM8KTask(Task):
     return [GenerationRequest(prefix + question_text(doc["question"]), stop=STOP,
                               max_new_tokens=MAX_NEW_TOKENS) for doc in docs]
 
-  def compute_metrics(self, docs: Sequence[Doc], outputs: Sequence[Sequence[str]]
-                      ) -> dict[str, np.ndarray]:
+  def doc_metrics(self, docs: Sequence[Doc], outputs: Sequence[Sequence[str]]
+                  ) -> dict[str, np.ndarray]:
     strict = np.array([[exact_match(strict_extract(text), doc["answer"])
                         for text, doc in zip(texts, docs, strict=True)] for texts in outputs])
     flexible = np.array([[exact_match(flexible_extract(text), doc["answer"])
                           for text, doc in zip(texts, docs, strict=True)] for texts in outputs])
-    return {"exact_match_strict": strict.reshape(len(outputs), -1).mean(axis=1),
-            "exact_match_flexible": flexible.reshape(len(outputs), -1).mean(axis=1)}
+    return {"exact_match_strict": strict.reshape(len(outputs), len(docs)).astype(np.float64),
+            "exact_match_flexible": flexible.reshape(len(outputs), len(docs)).astype(np.float64)}

@@ -41,11 +41,11 @@ class TargetTask(Task):
   def requests(self, docs: Sequence[Doc], tokenizer=None) -> list[ScoringRequest]:
     return [ScoringRequest(doc["prompt"], doc["target"]) for doc in docs]
 
-  def compute_metrics(self, docs: Sequence[Doc], outputs: ScoreOutputs) -> dict[str, np.ndarray]:
+  def doc_metrics(self, docs: Sequence[Doc], outputs: ScoreOutputs) -> dict[str, np.ndarray]:
     outputs = _check_outputs(outputs, len(docs))
     return {
-        "accuracy": np.asarray(outputs.is_greedy, dtype=np.float64).mean(axis=1),
-        "logprob": np.asarray(outputs.logprob, dtype=np.float64).mean(axis=1),
+        "accuracy": np.asarray(outputs.is_greedy, dtype=np.float64),
+        "logprob": np.asarray(outputs.logprob, dtype=np.float64),
     }
 
 
@@ -70,15 +70,15 @@ def choice_layout(docs: Sequence[Doc]) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 def multiple_choice_metrics(logprob: np.ndarray, request_index: np.ndarray,
                             choice_length: np.ndarray, gold: np.ndarray) -> dict[str, np.ndarray]:
-  """acc and acc_norm per mask from logprob [masks, requests]; see `choice_layout`."""
+  """acc and acc_norm [masks, docs] from logprob [masks, requests]; see `choice_layout`."""
   valid = request_index >= 0
   scores = np.where(valid[None], logprob[:, np.maximum(request_index, 0)], -np.inf)
   prediction = scores.argmax(axis=2)
   normalized = np.where(valid[None], scores / choice_length[None], -np.inf)
   normalized_prediction = normalized.argmax(axis=2)
   return {
-      "acc": (prediction == gold[None]).mean(axis=1),
-      "acc_norm": (normalized_prediction == gold[None]).mean(axis=1),
+      "acc": (prediction == gold[None]).astype(np.float64),
+      "acc_norm": (normalized_prediction == gold[None]).astype(np.float64),
   }
 
 
@@ -94,7 +94,7 @@ class MultipleChoiceTask(Task):
     return [ScoringRequest(doc["query"], self.choice_delimiter + choice)
             for doc in docs for choice in doc["choices"]]
 
-  def compute_metrics(self, docs: Sequence[Doc], outputs: ScoreOutputs) -> dict[str, np.ndarray]:
+  def doc_metrics(self, docs: Sequence[Doc], outputs: ScoreOutputs) -> dict[str, np.ndarray]:
     request_index, choice_length, gold = choice_layout(docs)
     outputs = _check_outputs(outputs, int((request_index >= 0).sum()))
     return multiple_choice_metrics(np.asarray(outputs.logprob, dtype=np.float64), request_index,

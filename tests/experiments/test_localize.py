@@ -16,7 +16,7 @@ from tests.experiments.conftest import ROOT, run_cli
 
 def _args(model_dir, task, out, *extra):
   return [f"--model={model_dir}", f"--task={task}", f"--output_dir={out}", "--cache_dir=none",
-          "--metric=logprob", "--num_samples=12", "--tokens_per_batch=64", "--progress=false", *extra]
+          "--metric=logprob", "--num_samples=8", "--validation_samples=4", "--tokens_per_batch=64", "--progress=false", *extra]
 
 
 def _saved(out):
@@ -37,7 +37,7 @@ def test_run_writes_every_output(tiny_model_dir, capitals_jsonl, tmp_path):
                                                  "--check_sklearn", "--lasso_alpha=0.02"))
   assert proc.returncode == 0, proc.stderr[-3000:]
   for name in ("measurements.npz", "heads.json", "coefficients.npy", "heatmap.png", "ablation.json",
-               "ablation_curve.png"):
+               "ablation_curve.png", "specificity_curve.png", "general/counting/measurements.npz"):
     assert os.path.exists(os.path.join(out, name)), name
   heads = json.loads(open(os.path.join(out, "heads.json")).read())
   for key in ("model", "task", "method", "metric", "num_layers", "num_heads", "num_evaluations", "baseline",
@@ -53,12 +53,27 @@ def test_run_writes_every_output(tiny_model_dir, capitals_jsonl, tmp_path):
     assert np.isfinite(float(data["baseline"]))
   assert np.load(os.path.join(out, "coefficients.npy")).shape == (3, 4)
   assert heads["engine"]["compilations"] > 0 and heads["engine"]["seconds_per_mask"] > 0
-  assert "rank" in proc.stdout
+  assert "rank" in proc.stdout and "held-out (4 documents per task)" in proc.stdout
+  # The general task was scored under the very same masks, per document.
+  with np.load(os.path.join(out, "general/counting/measurements.npz")) as general, \
+       np.load(os.path.join(out, "measurements.npz")) as target:
+    assert np.array_equal(general["masks"], target["masks"])
+    assert target["docs_logprob"].shape == (24, 8) and general["docs_accuracy"].shape == (24, 8)
+    np.testing.assert_allclose(target["docs_logprob"].mean(axis=1), target["scores"])
+  ablation = json.loads(open(os.path.join(out, "ablation.json")).read())
+  held_out = ablation["held_out"]
+  assert held_out["num_docs"] == 4 and set(held_out["general_relative_drop"]) == {"counting"}
+  assert held_out["heads"] == heads["top_k"] == ablation["heads"]
+  assert ablation["specificity_curve"]["k"][0] == 0 and ablation["in_sample"]["num_docs"] == 8
+  top = [h for h in heads["heads"] if h["name"] in heads["top_k"]]
+  assert all(0 <= h["selection_frequency"] <= 1 and h["interval"][0] <= h["interval"][1] for h in top)
+  assert heads["confidence"]["resampled"] == "documents and masks"
 
 
 def test_resume_after_kill_loses_and_remeasures_nothing(tiny_model_dir, capitals_jsonl, tmp_path):
   out = str(tmp_path / "run")
-  args = _args(tiny_model_dir, capitals_jsonl, out, "--num_masks=400", "--validate=false")
+  args = _args(tiny_model_dir, capitals_jsonl, out, "--num_masks=400", "--validate=false",
+               "--general_tasks=counting", "--general_samples=6", "--bootstrap=0")
   env = dict(os.environ, HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu")
   proc = subprocess.Popen([sys.executable, "-m", "experiments.localize", *args], cwd=ROOT, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -81,10 +96,12 @@ def test_resume_after_kill_loses_and_remeasures_nothing(tiny_model_dir, capitals
     expected = designs.make_design("stratified", 3, 4, num_masks=400, ablation_rate=0.1, seed=0)
     assert np.array_equal(data["masks"], expected)
     assert np.array_equal(data["scores"][:saved], before)  # nothing measured before was lost or redone
+  with np.load(os.path.join(out, "general/counting/measurements.npz")) as general:
+    assert np.array_equal(general["masks"], expected)  # the general task caught up on the same masks
 
   changed = run_cli("experiments.localize", *[a if not a.startswith("--num_samples") else "--num_samples=6"
                                               for a in args])
-  assert changed.returncode == 2 and "--num_samples: saved 12, now 6" in changed.stderr
+  assert changed.returncode == 2 and "--num_samples: saved 8, now 6" in changed.stderr
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -35,7 +35,9 @@ def test_a_whole_run_compiles_a_bounded_number_of_shapes(smollm2, tmp_path):
 @pytest.mark.parametrize("changes,message", [
     (dict(metric="bleu"), "--metric=bleu is not a metric of counting"),
     (dict(general_tasks=["counting", "nope"]), "nope"),
-    (dict(method="gradient_confirm", task="swearing"), "needs a scored"),
+    (dict(method="gradient_confirm", task="swearing", num_samples=10, validation_samples=10), "needs a scored"),
+    (dict(task="swearing"), "swearing has 20 documents; identification \\(100\\) and held-out validation \\(100\\)"),
+    (dict(selection="best"), "--selection=best must be one of specific, raw"),
     (dict(method="two_stage", num_masks=2), "≥ 3"),
     (dict(ablation_rate=1.5), "ablation_rate"),
     (dict(lasso_alpha="x"), "lasso_alpha"),
@@ -44,3 +46,40 @@ def test_user_errors_are_found_before_any_model_loads(tmp_path, changes, message
   settings = LocalizeSettings(**{"task": "counting", "output_dir": str(tmp_path), **changes})
   with pytest.raises(UserError, match=message):
     load_tasks(settings)
+
+
+def test_selection_universal_heads_and_confidence_follow_their_stated_rules(smollm2, tmp_path):
+  """On a tiny random model (whatever its heads do): every selected head's estimated general drops are within
+  the bound, every universal head's held-out single-head drops break enough tasks, and the frequencies are
+  those of a top-k selection."""
+  from jaxloc.engine.engine import Engine
+  from tests.engine.tiny import make_tiny
+
+  engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
+  settings = LocalizeSettings(model="tiny", task="counting", output_dir=str(tmp_path), method="one_shot_greedy",
+                              num_masks=12, num_samples=8, validation_samples=6, metric="logprob", top_k=3,
+                              general_tasks=["plurals", "induction"], general_samples=8, curve_k=4,
+                              universal_threshold=0.02, specific_max_general_drop=0.05, bootstrap=50)
+  heads = localize(engine, settings, progress=False)
+  by_name = {h["name"]: h for h in heads["heads"]}
+  for name in heads["top_k"]:
+    estimated = by_name[name]["estimated_relative_drop"]
+    assert max(estimated["plurals"], estimated["induction"]) <= 0.05
+  for name in heads["universal_heads"]:
+    drops = list(by_name[name]["held_out_single_head_drop"].values())
+    assert sum(d >= 0.02 for d in drops) >= 2 and name not in heads["top_k"]
+  assert len(heads["top_k"]) == settings.top_k
+  frequencies = [h["selection_frequency"] for h in heads["heads"]]
+  assert sum(frequencies) == pytest.approx(settings.top_k)  # every resample selects top_k heads
+  assert heads["confidence"]["resampled"] == "documents"
+  import json
+  import os
+
+  ablation = json.load(open(os.path.join(str(tmp_path), "ablation.json")))
+  assert ablation["held_out"]["num_docs"] == 6 and ablation["in_sample"]["num_docs"] == 8
+  assert ablation["specificity_curve"]["heads"][:len(heads["top_k"])] == heads["top_k"]
+  curve = ablation["raw_specificity_curve"]
+  for k in curve["k"]:
+    drops = [g["relative_drop"][k] for g in curve["general"].values() if g["relative_drop"][k] is not None]
+    drops = [d for d in drops if d == d]  # a task the tiny model cannot do has no relative drop (NaN)
+    assert curve["max_general_relative_drop"][k] == (max(drops) if drops else None)

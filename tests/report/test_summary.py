@@ -13,14 +13,17 @@ def _heads(task):
 def test_a_custom_task_is_named_by_its_file_stem():
   assert task_label("/data/runs/very/long/path/capitals_of_europe.jsonl") == "capitals_of_europe"
   assert task_label("plurals") == "plurals"
-  ablation = {"heads": ["L1H2"], "task": {"name": "/x/y/capitals.jsonl", "default_metric": "accuracy",
-                                           "metrics": {"accuracy": [0.9, 0.3]},
-                                           "relative_drop": {"accuracy": [0.0, 0.667]}},
-              "general": {}, "single_head_drops": {"L1H2": {"/x/y/capitals.jsonl": 0.6}}}
-  table = summary_table(_heads("/x/y/capitals.jsonl"), ablation)
+  heads = _heads("/x/y/capitals.jsonl")
+  heads["heads"][0]["held_out_single_head_drop"] = {"capitals": 0.6, "counting": 0.02}
+  heads.update(general_tasks={"counting": {"metric": "accuracy", "baseline": 0.95, "num_docs": 10}},
+               universal={"rule": "r", "confirmed_on": "held_out"})
+  ablation = {"held_out": {"num_docs": 7, "k": 1, "heads": ["L1H2"], "task_relative_drop": 0.667,
+                           "general_relative_drop": {"counting": 0.04}}}
+  table = summary_table(heads, ablation)
   assert "/x/y" not in table and table.startswith("capitals on m")
-  assert "capitals accuracy 0.900 -> 0.300" in table and "60%" in table
+  assert "top-1 ablated together, held-out (7 documents per task): capitals 67% drop; general: counting 4%" in table
+  assert "60%" in table and "2%" in table
 
 
 def test_engine_facts_are_shown():
-  assert "0.200s per mask, 4 compiled shapes" in summary_table(_heads("plurals"), None)
+  assert "0.200s per mask (all tasks), 4 compiled shapes" in summary_table(_heads("plurals"), None)

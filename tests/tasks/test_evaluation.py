@@ -106,3 +106,33 @@ def test_mean_ablation_uses_the_task_text():
 def test_masks_must_be_three_dimensional():
   with pytest.raises(ValueError, match=r"\[masks, layers, heads\]"):
     evaluation.run(FakeEngine(), registry.get_task("counting"), [], np.ones((2, 4)))
+
+
+def test_per_document_metrics_average_to_the_task_metrics():
+  engine, task = FakeEngine(masks_per_batch=2), registry.get_task("counting")
+  docs = task.load_docs(num_samples=4)
+  masks = np.ones((3, 2, 4))
+  masks[1, :, :3] = 0
+  per_doc = evaluation.run(engine, task, docs, masks, per_doc=True)
+  assert per_doc["logprob"].shape == (3, 4)
+  for name, values in evaluation.run(FakeEngine(), task, docs, masks).items():
+    np.testing.assert_allclose(per_doc[name].mean(axis=1), values)
+  [(_, first), *_] = evaluation.run_batches(engine, task, docs, masks, per_doc=True)
+  assert first["accuracy"].shape == (2, 4)
+
+
+@pytest.mark.parametrize("name", ["plurals", "arithmetic_1d_4shot", "counting", "induction"])
+def test_held_out_documents_are_disjoint_from_the_identification_documents(name):
+  task, docs, held_out = evaluation.load_task_split(name, num_samples=100, validation_samples=100, seed=3,
+                                                    data_dir=None)
+  assert docs == evaluation.load_task(name, num_samples=100, seed=3, data_dir=None)[1]  # unchanged by the split
+  assert len(held_out) == 100 and not {d["id"] for d in docs} & {d["id"] for d in held_out}
+  assert evaluation.load_task_split(name, num_samples=100, validation_samples=0, seed=3, data_dir=None)[2] == []
+
+
+def test_too_few_documents_for_both_splits_is_a_user_error():
+  from jaxloc.errors import UserError
+
+  with pytest.raises(UserError, match=r"task counting has 200 documents; identification \(150\) and held-out "
+                                      r"validation \(100\) need 250"):
+    evaluation.load_task_split("counting", num_samples=150, validation_samples=100, seed=0, data_dir=None)

@@ -31,8 +31,12 @@ def test_arithmetic_answers_are_correct():
 def test_one_digit_few_shot_prompt():
   task = registry.get_task("arithmetic_1d_4shot")
   docs = task.load_docs()
-  assert len(docs) == 96  # all pairs but the four examples
+  assert len(docs) == 3 * 96  # under each of three example sets, all pairs but its four examples
   by_id = {doc["id"]: doc for doc in docs}
+  assert "1d-9+0" not in by_id and "1d-9+0-s1" in by_id and "1d-7+1-s1" not in by_id and "1d-7+1" in by_id
+  for doc in docs:
+    a, b = (int(x) for x in doc["prompt"].rsplit("What is ", 1)[1].removesuffix("?\nAnswer:").split(" plus "))
+    assert int(doc["target"]) == a + b and f"What is {a} plus {b}?" not in doc["prompt"].rsplit("\n\n", 1)[0]
   request = task.requests([by_id["1d-7+5"]])[0]
   assert request.context == (
       "Question: What is 2 plus 3?\nAnswer: 5\n\n"

@@ -41,6 +41,9 @@ class Measured:
   metrics: dict[str, np.ndarray]  # name -> float [M]
   baselines: dict[str, float]  # name -> unablated score
   metric: str  # the metric localized
+  # The same per document, when kept: name -> float [M, docs] and name -> float [docs] (bootstrap over docs).
+  doc_metrics: dict[str, np.ndarray] | None = None
+  doc_baselines: dict[str, np.ndarray] | None = None
 
   def __len__(self) -> int:
     return len(self.masks)
@@ -58,8 +61,25 @@ class Measured:
     """Score change from the baseline under each mask, one [M] array per metric in `metric_order`."""
     return [self.metrics[m] - self.baselines.get(m, 0.0) for m in self.metric_order]
 
-  def rows(self, where: slice) -> "Measured":
-    return Measured(self.masks[where], {k: v[where] for k, v in self.metrics.items()}, self.baselines, self.metric)
+  def rows(self, where) -> "Measured":
+    """The measurements of the masks selected by `where` (a slice or an index array)."""
+    docs = None if self.doc_metrics is None else {k: v[where] for k, v in self.doc_metrics.items()}
+    return Measured(self.masks[where], {k: v[where] for k, v in self.metrics.items()}, self.baselines, self.metric,
+                    docs, self.doc_baselines)
+
+  def resample_docs(self, docs: np.ndarray) -> "Measured":
+    """The measurements as if the task's documents were `docs` (indices, repeats allowed): every metric and
+    baseline re-averaged over them. Needs per-document metrics."""
+    if self.doc_metrics is None or self.doc_baselines is None:
+      raise ValueError("these measurements kept no per-document metrics")
+    doc_metrics = {k: v[:, docs] for k, v in self.doc_metrics.items()}
+    doc_baselines = {k: v[docs] for k, v in self.doc_baselines.items()}
+    return Measured(self.masks, {k: v.mean(axis=1) for k, v in doc_metrics.items()},
+                    {k: float(v.mean()) for k, v in doc_baselines.items()}, self.metric, doc_metrics, doc_baselines)
+
+  @property
+  def num_docs(self) -> int | None:
+    return None if not self.doc_baselines else len(next(iter(self.doc_baselines.values())))
 
   def flat(self) -> np.ndarray:
     """bool [M, N]."""
@@ -72,9 +92,13 @@ class Ranking:
   values: np.ndarray  # float [N]: coefficient or measured change per head (0 where not measured)
   facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # solver/method facts for heads.json; "value"
   # names what `values` holds (plots and tables label it so)
+  known: np.ndarray | None = None  # bool [N]: heads whose value was measured or estimated (None: every head)
 
 
 class Plan(Protocol):
+  # True when the masks are i.i.d. draws of a random design, so that a bootstrap may resample them.
+  exchangeable_rows: bool
+
   def next_masks(self, measured: Measured) -> np.ndarray | None:
     """bool [m, L, H] to measure next, or None when the method has what it needs."""
 
@@ -82,6 +106,12 @@ class Plan(Protocol):
     """Masks the whole plan measures (for progress bars and cost accounting)."""
 
   def rank(self, measured: Measured) -> Ranking: ...
+
+  def estimate(self, measured: Measured) -> Ranking:
+    """Each head's score change estimated from this plan's masks, whatever task was scored under them (the
+    target, a general task, a bootstrap resample), taking the masks as given: decides nothing new. For most
+    plans this is `rank`; a plan whose masks depend on the target's scores (iterative greedy) estimates
+    from the part of its design that does not."""
 
 
 class Method(Protocol):
@@ -194,8 +224,10 @@ def single_head_ranking(measured: Measured, screen_order: np.ndarray) -> Ranking
   order = np.concatenate([first, [h for h in screen_order if int(h) not in seen]]).astype(np.int64)
   values = np.zeros(n)
   values[heads] = changes[0]
+  known = np.zeros(n, bool)
+  known[heads] = True
   return Ranking(order, values, {"value": "score change when ablated alone", "measured_heads": int(len(heads)),
-                                 "unmeasured_value": "0 (not measured)"})
+                                 "unmeasured_value": "0 (not measured)"}, known)
 
 
 @dataclasses.dataclass
@@ -204,6 +236,7 @@ class FixedDesignPlan:
 
   design: np.ndarray  # bool [M, L, H]
   ranker: Callable[[Measured], Ranking]
+  exchangeable_rows: bool = False
 
   def next_masks(self, measured: Measured) -> np.ndarray | None:
     return remaining(measured, self.design)
@@ -212,4 +245,7 @@ class FixedDesignPlan:
     return len(self.design)
 
   def rank(self, measured: Measured) -> Ranking:
+    return self.ranker(measured)
+
+  def estimate(self, measured: Measured) -> Ranking:
     return self.ranker(measured)

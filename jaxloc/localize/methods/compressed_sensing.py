@@ -97,4 +97,4 @@ class CompressedSensing:
     design = designs.make_design(self.design, context.num_layers, context.num_heads, num_masks=settings.num_masks,
                                  ablation_rate=settings.ablation_rate, seed=settings.seed,
                                  exclude=context.excluded)
-    return FixedDesignPlan(design, lambda measured: lasso_ranking(settings, measured))
+    return FixedDesignPlan(design, lambda measured: lasso_ranking(settings, measured), exchangeable_rows=True)

@@ -54,6 +54,7 @@ class IterativeGreedyPlan:
 
   context: Context
   rounds: int
+  exchangeable_rows: bool = False
 
   def _round_masks(self, chosen: list[int]) -> tuple[np.ndarray, np.ndarray]:
     c = self.context
@@ -108,6 +109,14 @@ class IterativeGreedyPlan:
     rest = [int(h) for h in rank_by(*keys) if int(h) not in chosen_set]
     return Ranking(np.array(chosen + rest, np.int64), keys[0],
                    {"value": "score change when ablated on top of the heads chosen before", "rounds": len(rounds)})
+
+
+  def estimate(self, measured: Measured) -> Ranking:
+    """Single-head changes from round one (every head ablated alone): later rounds depend on the target's
+    choices, so another task's scores (or a resample) are read from round one only."""
+    first = len(self._round_masks([])[0])
+    return single_head_ranking(measured.rows(slice(0, min(first, len(measured)))),
+                               np.arange(self.context.num_total))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,7 @@ class TwoStagePlan:
   screen: np.ndarray  # bool [S, L, H]
   num_confirm: int
   screen_facts: dict = dataclasses.field(default_factory=dict)
+  exchangeable_rows: bool = False  # the confirmations are chosen, not drawn
 
   def screen_order(self, measured: Measured) -> np.ndarray:
     """int [N] the screen's ranking. Its coefficients are kept in the run directory, so a resumed run
@@ -68,6 +69,9 @@ class TwoStagePlan:
                          confirmed_heads=self.num_confirm,
                          screen_solver=self.screen_facts or {"loaded_from": "screen_coefficients.npy"})
     return ranking
+
+  def estimate(self, measured: Measured) -> Ranking:
+    return self.rank(measured)  # the screen's order is remembered from the target; values are the confirmations
 
 
 @dataclasses.dataclass(frozen=True)

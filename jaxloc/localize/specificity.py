@@ -1,0 +1,102 @@
+"""Which heads are specific to the target and which are universal, from what every task measured under the
+same masks.
+
+Axes: N heads flattened (flat = layer * H + head); `tasks` = the target first, then the general tasks.
+
+Estimated relative drop of task t when head h is ablated alone: -value_t[h] / |baseline_t|, where value_t is
+the plan's estimate from task t's scores under the design (`Plan.estimate`: the Lasso coefficient, or the
+measured change of a single-head ablation); NaN where the plan has no estimate for h (a head a confirmation
+method never ablated). A task the model cannot do at all (baseline 0) has nothing to lose: its drops are 0.
+Drops are fractions (0.6 = 60%).
+
+Universal heads (the paper filters them; the rule is stated in heads.json and the README):
+  a head *breaks* a set of tasks when its relative drop is at least `threshold` on at least `min_tasks` of
+  them, the target included. Candidates are the heads whose *estimated* drops break the tasks; up to
+  `limit` of them, best-ranked on the target first, are ablated alone on documents the design never saw;
+  those whose measured drops break the tasks are universal.
+
+Selection (`--selection`), always without excluded and universal heads, in the target's ranking order:
+  raw:      every head;
+  specific: heads with an estimate on every general task whose largest estimated general drop is at most
+            `max_general_drop`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from jaxloc.localize.methods.base import Measured, Plan, Ranking
+
+
+@dataclasses.dataclass
+class Effects:
+  """Estimated relative drops of every task under every head's ablation."""
+
+  tasks: list[str]  # the target first
+  drops: np.ndarray  # float [tasks, N], NaN where unknown
+
+  @property
+  def general(self) -> np.ndarray:
+    return self.drops[1:]
+
+  def of(self, head: int) -> dict[str, float | None]:
+    return {t: (None if np.isnan(d) else float(d)) for t, d in zip(self.tasks, self.drops[:, head])}
+
+
+def estimate(plan: Plan, measured: Measured) -> Ranking:
+  """`plan.estimate(measured)`; a task whose score never moved under the design has no effect anywhere (the
+  Lasso refuses a constant target, which is right for the task localized but not for a general task)."""
+  if len(measured) and np.ptp(measured.scores) == 0:
+    n = measured.masks.shape[1] * measured.masks.shape[2]
+    return Ranking(np.arange(n), np.zeros(n), {"value": "none: the score never changed"})
+  return plan.estimate(measured)
+
+
+def relative_drops(ranking: Ranking, baseline: float) -> np.ndarray:
+  """float [N]: -value / |baseline| (0 when the baseline is 0), NaN where the ranking has no estimate."""
+  values = np.asarray(ranking.values, np.float64)
+  drops = -values / abs(baseline) if baseline != 0 else np.zeros(values.shape)
+  if ranking.known is not None:
+    drops = np.where(ranking.known, drops, np.nan)
+  return drops
+
+
+def breaks(drops: np.ndarray, threshold: float, min_tasks: int) -> np.ndarray:
+  """bool [...]: at least `min_tasks` of the last axis's drops are ≥ threshold (NaN counts as no drop)."""
+  return (np.nan_to_num(np.asarray(drops, np.float64), nan=-np.inf) >= threshold).sum(axis=-1) >= min_tasks
+
+
+def universal_candidates(effects: Effects, order: Sequence[int], excluded: np.ndarray, threshold: float,
+                         min_tasks: int, limit: int) -> list[int]:
+  """Up to `limit` heads whose estimated drops break the tasks, in the target's ranking order."""
+  flagged = breaks(effects.drops.T, threshold, min_tasks)
+  return [int(h) for h in order if flagged[h] and not excluded[h]][:limit]
+
+
+def select(order: Sequence[int], effects: Effects, excluded: np.ndarray, universal: Sequence[int], selection: str,
+           max_general_drop: float, count: int) -> list[int]:
+  """The first `count` heads of the target's `order` that `selection` allows (see the module docstring)."""
+  allowed = ~np.asarray(excluded, bool).copy()
+  allowed[list(universal)] = False
+  if selection == "specific" and len(effects.general):
+    general = effects.general
+    allowed &= ~np.isnan(general).any(axis=0)
+    allowed &= np.nan_to_num(general, nan=np.inf).max(axis=0) <= max_general_drop
+  elif selection not in ("specific", "raw"):
+    raise ValueError(f"unknown selection {selection!r}")
+  return [int(h) for h in order if allowed[h]][:count]
+
+
+def universal_rule(threshold: float, min_tasks: int) -> str:
+  return (f"ablated alone, drops at least {min_tasks} tasks (target included) by ≥ {100 * threshold:.0f}% "
+          "(relative): flagged from the design's estimates, confirmed by single-head ablation on held-out documents")
+
+
+def selection_rule(selection: str, max_general_drop: float) -> str:
+  if selection == "specific":
+    return (f"specific: the target's ranking, keeping heads whose estimated relative drop on every general task "
+            f"is ≤ {100 * max_general_drop:.0f}%; excluded and universal heads left out")
+  return "raw: the target's ranking; excluded and universal heads left out"

@@ -1,0 +1,48 @@
+"""`experiments.cross_task`: the capability-generalization matrix from runs on disk (no model)."""
+
+import json
+import os
+
+import pytest
+
+from jaxloc.errors import UserError
+from jaxloc.report import cross_task
+from tests.experiments.conftest import run_cli
+
+
+def _run(root, task, heads, task_drop, general):
+  directory = os.path.join(root, task)
+  os.makedirs(directory)
+  with open(os.path.join(directory, "heads.json"), "w") as f:
+    json.dump({"task": task, "model": "m", "method": "gradient_confirm", "num_evaluations": 60,
+               "universal_heads": ["L1H5"]}, f)
+  with open(os.path.join(directory, "ablation.json"), "w") as f:
+    json.dump({"held_out": {"num_docs": 100, "k": len(heads), "heads": heads, "task_relative_drop": task_drop,
+                            "general_relative_drop": general}}, f)
+  return directory
+
+
+def test_the_matrix_reads_every_runs_held_out_drops(tmp_path):
+  a = _run(tmp_path, "plurals", ["L8H1"], 0.7, {"counting": 0.05, "induction": 0.1})
+  b = _run(tmp_path, "induction", ["L3H3", "L4H0"], 0.8, {"plurals": 0.2, "counting": 0.0})
+  result = cross_task.cross_task([a, b])
+  assert result["columns"] == ["plurals", "induction", "counting"]
+  assert result["relative_drop"] == [[0.7, 0.1, 0.05], [0.2, 0.8, 0.0]]
+  assert result["table"][0]["largest_general_task"] == "induction"
+  assert result["table"][1]["largest_general_relative_drop"] == 0.2
+  table = cross_task.markdown(result)
+  assert "| plurals | **70%** | 10% | 5% |" in table and "L3H3, L4H0" in table
+
+  out = tmp_path / "out"
+  proc = run_cli("experiments.cross_task", f"--runs={a},{b}", f"--output_dir={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  for name in ("cross_task.json", "cross_task.md", "cross_task.png"):
+    assert (out / name).exists()
+
+
+def test_a_directory_that_is_not_a_validated_run_is_named(tmp_path):
+  with pytest.raises(UserError, match="heads.json does not exist"):
+    cross_task.cross_task([str(tmp_path)])
+  a = _run(tmp_path, "plurals", ["L8H1"], 0.7, {})
+  with pytest.raises(UserError, match="same task"):
+    cross_task.cross_task([a, a])
