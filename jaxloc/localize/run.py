@@ -123,13 +123,18 @@ def measure(plan: methods.Plan, target: Measuring, general: list[Measuring], pro
     bar.close()
 
 
-def _store(settings: LocalizeSettings, method, directory: str, task: TaskDocs, num_samples: int, shape
-           ) -> MeasurementStore:
-  measurement_settings = {**settings.shared_measurement_settings(), **method.measurement_settings(settings),
-                          "task": task.name, "num_samples": num_samples}
-  if task.name != settings.task:
-    measurement_settings["task_options"] = {}
-  return MeasurementStore(directory, measurement_settings, task.metric, *shape)
+@dataclasses.dataclass
+class Found:
+  """What the run concluded from its measurements (flat head indices)."""
+
+  ranking: methods.Ranking  # the target's
+  general_rankings: list[methods.Ranking]
+  effects: specificity.Effects
+  order: list[int]  # the target's ranking without excluded heads
+  candidates: list[int]  # flagged universal by the estimates
+  universal: list[int]  # confirmed
+  selected: list[int]  # max(curve_k, top_k) heads, in order
+  alone: dict[int, np.ndarray]  # head -> relative drop per task ablated alone, on the confirming documents
 
 
 def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, progress: bool = True
@@ -141,26 +146,16 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
   start = time.perf_counter()
   compiled_before = engine.compile_count
   c = engine.config
-  shape = (c.num_layers, c.num_heads)
   exclude = parse_heads(settings.exclude_heads, c.num_layers, c.num_heads)
   settings.exclude_heads = [head_name(*h) for h in exclude]
   excluded = designs.excluded_heads(settings.exclude_heads, c.num_layers * c.num_heads, num_heads=c.num_heads)
-  name = lambda h: head_name(*divmod(int(h), c.num_heads))  # noqa: E731
 
   identification = [Evaluator.build(engine, t.name, t.task, t.docs, settings.ablation) for t in tasks.all]
-  measuring = [Measuring(_store(settings, method, settings.output_dir, tasks.target, settings.num_samples, shape),
-                         identification[0])]
-  for t, evaluator in zip(tasks.general, identification[1:]):
-    directory = os.path.join(settings.output_dir, "general", task_label(t.name))
-    measuring.append(Measuring(_store(settings, method, directory, t, settings.general_samples, shape), evaluator))
+  measuring = _open_stores(settings, method, tasks, identification, (c.num_layers, c.num_heads))
   resumed = len(measuring[0].store)
-  for m in measuring:
-    if m.store.baseline is None:
-      baseline = m.evaluator.run(np.ones((1, *shape), np.float32), per_doc=True)
-      m.store.set_baseline({k: v[0] for k, v in baseline.items()})
-  target_store = measuring[0].store
-  log.info("%s baseline %s = %.4f (%d samples)%s", settings.task, target_store.metric, target_store.baseline,
-           len(tasks.target.docs), f"; resuming after {resumed} saved masks" if resumed else "")
+  log.info("%s baseline %s = %.4f (%d samples)%s", settings.task, measuring[0].store.metric,
+           measuring[0].store.baseline, len(tasks.target.docs),
+           f"; resuming after {resumed} saved masks" if resumed else "")
   timing["setup_seconds"] = time.perf_counter() - start
 
   def gradient() -> np.ndarray:
@@ -174,115 +169,167 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
   t = time.perf_counter()
   measure(plan, measuring[0], measuring[1:], progress)
   timing["measure_seconds"] = time.perf_counter() - t
-  timing["measured_this_run"] = len(target_store) - resumed
+  timing["measured_this_run"] = len(measuring[0].store) - resumed
   if timing["measured_this_run"]:
     timing["seconds_per_mask"] = timing["measure_seconds"] / timing["measured_this_run"]
 
   t = time.perf_counter()
-  ranking = plan.rank(target_store)
+  ranking = plan.rank(measuring[0].store)
   general_rankings = [specificity.estimate(plan, m.store) for m in measuring[1:]]
   timing["solve_seconds"] = time.perf_counter() - t
-  files.save_array(os.path.join(settings.output_dir, "coefficients.npy"), ranking.values.reshape(shape))
-  effects = specificity.Effects(
-      [t.name for t in tasks.all],
-      np.stack([specificity.relative_drops(r, m.store.baseline) for r, m in zip([ranking, *general_rankings],
-                                                                                 measuring)]))
-  order = [int(h) for h in ranking.order if not excluded[h]]
-  metrics = [t.metric for t in tasks.all]
+  files.save_array(os.path.join(settings.output_dir, "coefficients.npy"),
+                   ranking.values.reshape(c.num_layers, c.num_heads))
 
-  # Universal heads: flagged by the estimates, confirmed by single-head ablation on documents the design never
-  # saw (held out; the identification documents when not validating).
+  # Universal heads and single-head checks are measured on documents the design never saw (held out; the
+  # identification documents when not validating).
   t = time.perf_counter()
+  confirming = identification
   if settings.validate:
     confirming = [Evaluator(engine, e.name, e.task, td.held_out, e.head_fill) for e, td in zip(identification, tasks.all)]
-  else:
-    confirming = identification
-  candidates = specificity.universal_candidates(effects, order, excluded, settings.universal_threshold,
-                                                settings.universal_min_tasks, settings.universal_candidates)
-  count = max(settings.curve_k, settings.top_k)
-  provisional = specificity.select(order, effects, excluded, [], settings.selection,
-                                   settings.specific_max_general_drop, count)
-  alone_heads = list(dict.fromkeys(candidates + provisional))
-  alone = validate.single_head_drops(alone_heads, confirming, metrics)
-  alone_by_head = dict(zip(alone_heads, alone))
-  universal = [h for h in candidates
-               if specificity.breaks(alone_by_head[h], settings.universal_threshold, settings.universal_min_tasks)]
-  selected = specificity.select(order, effects, excluded, universal, settings.selection,
-                                settings.specific_max_general_drop, count)
-  missing = [h for h in selected if h not in alone_by_head]
-  if missing:
-    alone_by_head.update(zip(missing, validate.single_head_drops(missing, confirming, metrics)))
-  top = selected[:settings.top_k]
-  if len(top) < settings.top_k:
-    log.warning("only %d heads qualify under --selection=%s (try --selection=raw or a larger "
-                "--specific_max_general_drop)", len(top), settings.selection)
-
-  split = "held_out" if settings.validate else "in_sample"
-  single = {name(h): {task_label(e.name): float(d) for e, d in zip(confirming, alone_by_head[h])}
-            for h in list(dict.fromkeys(selected + candidates))}
+  found = _find_heads(settings, ranking, general_rankings, measuring, excluded, confirming)
   if settings.validate:
-    curve = validate.ablation_curve(selected, settings.curve_k, confirming, metrics)
-    in_sample = validate.ablation_curve(top, len(top), identification, metrics)
-    ablation: dict[str, Any] = {
-        "metric": target_store.metric, "selection": settings.selection, "heads": [name(h) for h in top],
-        "held_out": validate.drops_at(curve, min(len(top), len(curve["k"]) - 1)),
-        "in_sample": validate.drops_at(in_sample, len(top)),
-        "specificity_curve": curve,
-        "single_head_drops": single, "single_head_split": split,
-        "universal_heads": [name(h) for h in universal],
-    }
-    if settings.selection != "raw":
-      raw = specificity.select(order, effects, excluded, universal, "raw", 0.0, settings.curve_k)
-      ablation["raw_specificity_curve"] = validate.ablation_curve(raw, settings.curve_k, confirming, metrics)
-    files.write_json(os.path.join(settings.output_dir, "ablation.json"), ablation)
+    _validate(settings, found, confirming, identification, [m.store.metric for m in measuring])
   timing["validate_seconds"] = time.perf_counter() - t
 
   t = time.perf_counter()
-  bootstrap_plans = [_bootstrap_plan(method, settings, context, r) for r in [ranking, *general_rankings]]
-
-  def select(rankings):
-    drops = np.stack([specificity.relative_drops(r, m.store.baseline) for r, m in zip(rankings, measuring)])
-    resampled = specificity.Effects(effects.tasks, drops)
-    return specificity.select([h for h in rankings[0].order if not excluded[h]], resampled, excluded, universal,
-                              settings.selection, settings.specific_max_general_drop, settings.top_k)
-
-  conf = confidence.bootstrap(bootstrap_plans, [m.store for m in measuring], select, settings.top_k,
-                              settings.bootstrap, settings.seed, progress)
+  conf = _confidence(settings, method, context, found, measuring, excluded, progress)
   timing["bootstrap_seconds"] = time.perf_counter() - t
   timing["total_seconds"] = time.perf_counter() - start
 
+  payload = _heads_json(settings, c.num_heads, found, excluded, conf, measuring, confirming)
+  payload.update(num_layers=c.num_layers, timing=timing,
+                 engine={"compilations": engine.compile_count - compiled_before,
+                         "seconds_per_mask": timing.get("seconds_per_mask")})
+  files.write_json(os.path.join(settings.output_dir, "heads.json"), payload)
+  return payload
+
+
+def _open_stores(settings: LocalizeSettings, method, tasks: Tasks, identification: list[Evaluator], shape
+                 ) -> list[Measuring]:
+  """The target's store in output_dir and each general task's in general/<task>/, baselines measured."""
+  measuring = []
+  for t, evaluator in zip(tasks.all, identification):
+    is_target = t is tasks.target
+    directory = settings.output_dir if is_target else os.path.join(settings.output_dir, "general", task_label(t.name))
+    measurement_settings = {**settings.shared_measurement_settings(), **method.measurement_settings(settings)}
+    if not is_target:
+      measurement_settings.update(task=t.name, task_options={}, num_samples=settings.general_samples)
+    store = MeasurementStore(directory, measurement_settings, t.metric, *shape)
+    if store.baseline is None:
+      baseline = evaluator.run(np.ones((1, *shape), np.float32), per_doc=True)
+      store.set_baseline({k: v[0] for k, v in baseline.items()})
+    measuring.append(Measuring(store, evaluator))
+  return measuring
+
+
+def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring: list[Measuring],
+                excluded: np.ndarray, confirming: list[Evaluator]) -> Found:
+  """Estimated effects per task, universal heads (flagged, then confirmed alone) and the selection."""
+  effects = specificity.Effects(
+      [m.evaluator.name for m in measuring],
+      np.stack([specificity.relative_drops(r, m.store.baseline)
+                for r, m in zip([ranking, *general_rankings], measuring)]))
+  order = [int(h) for h in ranking.order if not excluded[h]]
+  metrics = [m.store.metric for m in measuring]
+  candidates = specificity.universal_candidates(effects, order, excluded, settings.universal_threshold,
+                                                settings.universal_min_tasks, settings.universal_candidates)
+  count = max(settings.curve_k, settings.top_k)
+
+  def select(universal):
+    return specificity.select(order, effects, excluded, universal, settings.selection,
+                              settings.specific_max_general_drop, count)
+
+  # One batch of single-head ablations for the candidates and the heads selected if none is universal, then
+  # any head the final selection adds.
+  first = list(dict.fromkeys(candidates + select([])))
+  alone = dict(zip(first, validate.single_head_drops(first, confirming, metrics)))
+  universal = [h for h in candidates
+               if specificity.breaks(alone[h], settings.universal_threshold, settings.universal_min_tasks)]
+  selected = select(universal)
+  missing = [h for h in selected if h not in alone]
+  alone.update(zip(missing, validate.single_head_drops(missing, confirming, metrics)))
+  if len(selected) < settings.top_k:
+    log.warning("only %d heads qualify under --selection=%s (try --selection=raw or a larger "
+                "--specific_max_general_drop)", len(selected), settings.selection)
+  return Found(ranking, general_rankings, effects, order, candidates, universal, selected, alone)
+
+
+def _validate(settings: LocalizeSettings, found: Found, held_out: list[Evaluator], identification: list[Evaluator],
+              metrics: list[str]) -> None:
+  """ablation.json: the selected heads ablated together on held-out documents (and in-sample, labelled), the
+  specificity curves of the selection and of the raw ranking, the held-out single-head drops."""
+  num_heads = held_out[0].engine.config.num_heads
+  name = lambda h: head_name(*divmod(int(h), num_heads))  # noqa: E731
+  top = found.selected[:settings.top_k]
+  curve = validate.ablation_curve(found.selected, settings.curve_k, held_out, metrics)
+  in_sample = validate.ablation_curve(top, len(top), identification, metrics)
+  ablation: dict[str, Any] = {
+      "metric": metrics[0], "selection": settings.selection, "heads": [name(h) for h in top],
+      "held_out": validate.drops_at(curve, min(len(top), len(curve["k"]) - 1)),
+      "in_sample": validate.drops_at(in_sample, len(top)),
+      "specificity_curve": curve,
+      "single_head_drops": {name(h): {task_label(e.name): float(d) for e, d in zip(held_out, drops)}
+                            for h, drops in found.alone.items()},
+      "universal_heads": [name(h) for h in found.universal],
+  }
+  if settings.selection != "raw":
+    raw = specificity.select(found.order, found.effects, np.zeros(len(found.ranking.values), bool), found.universal,
+                             "raw", 0.0, settings.curve_k)
+    ablation["raw_specificity_curve"] = validate.ablation_curve(raw, settings.curve_k, held_out, metrics)
+  files.write_json(os.path.join(settings.output_dir, "ablation.json"), ablation)
+
+
+def _confidence(settings: LocalizeSettings, method, context: methods.Context, found: Found,
+                measuring: list[Measuring], excluded: np.ndarray, progress: bool) -> confidence.Confidence | None:
+  """The bootstrap: every task re-estimated on resampled measurements, the run's selection re-run (its
+  universal heads kept)."""
+  plans = [_bootstrap_plan(method, settings, context, r) for r in [found.ranking, *found.general_rankings]]
+
+  def select(rankings):
+    drops = np.stack([specificity.relative_drops(r, m.store.baseline) for r, m in zip(rankings, measuring)])
+    return specificity.select([h for h in rankings[0].order if not excluded[h]],
+                              specificity.Effects(found.effects.tasks, drops), excluded, found.universal,
+                              settings.selection, settings.specific_max_general_drop, settings.top_k)
+
+  return confidence.bootstrap(plans, [m.store for m in measuring], select, settings.top_k, settings.bootstrap,
+                              settings.seed, progress)
+
+
+def _heads_json(settings: LocalizeSettings, num_heads: int, found: Found, excluded: np.ndarray,
+                conf: confidence.Confidence | None, measuring: list[Measuring], confirming: list[Evaluator]
+                ) -> dict[str, Any]:
+  name = lambda h: head_name(*divmod(int(h), num_heads))  # noqa: E731
+  split = "held_out" if settings.validate else "in_sample"
   # Every head: the selection first (in order), then the other ranked heads, universal and excluded heads last.
-  chosen = set(selected) | set(universal)
-  ordered = selected + [h for h in order if h not in chosen] + universal + np.flatnonzero(excluded).tolist()
+  chosen = set(found.selected) | set(found.universal)
+  ordered = (found.selected + [h for h in found.order if h not in chosen] + found.universal
+             + np.flatnonzero(excluded).tolist())
   heads = []
   for h in ordered:
-    entry = {"name": name(h), "layer": h // c.num_heads, "head": h % c.num_heads, "score": float(ranking.values[h]),
-             "estimated_relative_drop": {task_label(k): v for k, v in effects.of(h).items()}}
+    entry = {"name": name(h), "layer": h // num_heads, "head": h % num_heads, "score": float(found.ranking.values[h]),
+             "estimated_relative_drop": {task_label(k): v for k, v in found.effects.of(h).items()}}
     if conf is not None:
       entry.update(selection_frequency=float(conf.selection_frequency[h]),
                    interval=[float(conf.low[h]), float(conf.high[h])])
-    if name(h) in single:
-      entry[f"{split}_single_head_drop"] = single[name(h)]
+    if h in found.alone:
+      entry[f"{split}_single_head_drop"] = {task_label(e.name): float(d) for e, d in zip(confirming, found.alone[h])}
     heads.append(entry)
-  payload = {
-      "model": settings.model, "task": settings.task, "method": settings.method, "metric": target_store.metric,
-      "num_layers": c.num_layers, "num_heads": c.num_heads, "num_evaluations": len(target_store),
-      "baseline": target_store.baseline, "num_docs": len(tasks.target.docs), "heads": heads,
-      "top_k": [name(h) for h in top], "selection": specificity.selection_rule(settings.selection,
-                                                                                settings.specific_max_general_drop),
-      "universal_heads": [name(h) for h in universal],
+  target = measuring[0].store
+  return {
+      "model": settings.model, "task": settings.task, "method": settings.method, "metric": target.metric,
+      "num_heads": num_heads, "num_evaluations": len(target), "baseline": target.baseline,
+      "num_docs": len(measuring[0].evaluator.docs), "heads": heads,
+      "top_k": [name(h) for h in found.selected[:settings.top_k]],
+      "selection": specificity.selection_rule(settings.selection, settings.specific_max_general_drop),
+      "universal_heads": [name(h) for h in found.universal],
       "universal": {"rule": specificity.universal_rule(settings.universal_threshold, settings.universal_min_tasks),
                     "threshold": settings.universal_threshold, "min_tasks": settings.universal_min_tasks,
-                    "confirmed_on": split, "candidates": [name(h) for h in candidates]},
+                    "confirmed_on": split, "candidates": [name(h) for h in found.candidates]},
       "general_tasks": {task_label(m.evaluator.name): {"metric": m.store.metric, "baseline": m.store.baseline,
                                                        "num_docs": len(m.evaluator.docs)} for m in measuring[1:]},
       "confidence": conf.facts() if conf is not None else None,
-      "solver": ranking.facts, "flags": dataclasses.asdict(settings), "timing": timing,
-      "engine": {"compilations": engine.compile_count - compiled_before,
-                 "seconds_per_mask": timing.get("seconds_per_mask")},
+      "solver": found.ranking.facts, "flags": dataclasses.asdict(settings),
   }
-  files.write_json(os.path.join(settings.output_dir, "heads.json"), payload)
-  return payload
 
 
 def _bootstrap_plan(method, settings: LocalizeSettings, context: methods.Context, ranking: methods.Ranking):

@@ -3,6 +3,10 @@
 Axes: `k` (0 = unablated, then the first 1, 2, ... heads of an order ablated together), `layers`, `heads`.
 An `eval_sets` list holds the target first, then the general tasks; each is measured in its own metric
 (`metrics`, the target's localized metric and each general task's default metric).
+
+Every relative drop of an ablation curve comes with a 95% interval from a paired bootstrap over the documents
+(the same resampled documents scored unablated and ablated; `INTERVAL_RESAMPLES`, no model evaluations):
+100 documents of a task the model gets half right move a relative drop by several percent.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import numpy as np
 
 from jaxloc.heads import head_name
 from jaxloc.tasks.evaluation import Evaluator
+
+INTERVAL_RESAMPLES = 1000
 
 
 def relative_drop(baseline: float, values: np.ndarray) -> np.ndarray:
@@ -35,6 +41,17 @@ def _scores(eval_sets: Sequence[Evaluator], metrics: Sequence[str], keep: np.nda
   return [np.asarray(s.run(keep)[m], np.float64) for s, m in zip(eval_sets, metrics)]
 
 
+def drop_interval(per_doc: np.ndarray, seed: int = 0) -> np.ndarray:
+  """float [k+1, 2]: 2.5th and 97.5th percentiles of the relative drop of each row against row 0 of
+  per_doc [k+1, docs], over paired resamples of the documents (NaN where a resample's baseline is 0)."""
+  rng = np.random.default_rng(seed)
+  docs = per_doc.shape[1]
+  means = per_doc[:, rng.integers(0, docs, (INTERVAL_RESAMPLES, docs))].mean(axis=2)  # [k+1, resamples]
+  with np.errstate(invalid="ignore", divide="ignore"):
+    drops = (means[:1] - means) / np.abs(means[:1])
+  return np.nanpercentile(drops, [2.5, 97.5], axis=1).T
+
+
 def single_head_drops(heads: Sequence[int], eval_sets: Sequence[Evaluator], metrics: Sequence[str]
                       ) -> np.ndarray:
   """Relative drop [heads, eval sets] of each set's metric with one head ablated."""
@@ -51,21 +68,28 @@ def single_head_drops(heads: Sequence[int], eval_sets: Sequence[Evaluator], metr
 
 def ablation_curve(order: Sequence[int], k: int, eval_sets: Sequence[Evaluator], metrics: Sequence[str]
                    ) -> dict[str, Any]:
-  """Every task's metric and relative drop with the first 0..k heads of `order` ablated together, and the
-  largest general drop at each k (the specificity curve when `order` is a selection)."""
+  """Every task's metric and relative drop (with its 95% interval) with the first 0..k heads of `order`
+  ablated together, and the largest general drop at each k (the specificity curve when `order` is a
+  selection)."""
   c = eval_sets[0].engine.config
   k = min(k, len(order))
   keep = _cumulative_masks(order, k, c.num_layers, c.num_heads)
-  scores = _scores(eval_sets, metrics, keep)
-  drops = [relative_drop(float(v[0]), v) for v in scores]
-  general = np.array(drops[1:]) if len(drops) > 1 else np.full((1, k + 1), np.nan)
-  entry = lambda s, m, v, d: {"metric": m, "num_docs": len(s.docs), "scores": v.tolist(),  # noqa: E731
-                              "relative_drop": d.tolist()}
+  per_doc = [np.asarray(s.run(keep, per_doc=True)[m], np.float64) for s, m in zip(eval_sets, metrics)]
+
+  def entry(eval_set, metric, values):
+    scores = values.mean(axis=1)
+    interval = np.full((k + 1, 2), np.nan) if scores[0] == 0 else drop_interval(values)
+    return {"metric": metric, "num_docs": len(eval_set.docs), "scores": scores.tolist(),
+            "relative_drop": relative_drop(float(scores[0]), scores).tolist(),
+            "relative_drop_interval": [[None if np.isnan(x) else float(x) for x in row] for row in interval]}
+
+  entries = [entry(s, m, v) for s, m, v in zip(eval_sets, metrics, per_doc)]
+  general = np.array([e["relative_drop"] for e in entries[1:]], float).reshape(-1, k + 1)
   return {
       "heads": [head_name(*divmod(int(h), c.num_heads)) for h in order[:k]],
       "k": list(range(k + 1)),
-      "task": {"name": eval_sets[0].name, **entry(eval_sets[0], metrics[0], scores[0], drops[0])},
-      "general": {s.name: entry(s, m, v, d) for s, m, v, d in zip(eval_sets[1:], metrics[1:], scores[1:], drops[1:])},
+      "task": {"name": eval_sets[0].name, **entries[0]},
+      "general": {s.name: e for s, e in zip(eval_sets[1:], entries[1:])},
       "max_general_relative_drop": [None if np.all(np.isnan(col)) else float(np.nanmax(col)) for col in general.T],
   }
 
@@ -74,5 +98,8 @@ def drops_at(curve: dict[str, Any], k: int) -> dict[str, Any]:
   """The `held_out`/`in_sample` record of ablation.json: the drops with the first k heads of a curve ablated."""
   return {"num_docs": curve["task"]["num_docs"], "k": k, "heads": curve["heads"][:k],
           "task_relative_drop": curve["task"]["relative_drop"][k],
+          "task_relative_drop_interval": curve["task"]["relative_drop_interval"][k],
           "general_relative_drop": {name: g["relative_drop"][k] for name, g in curve["general"].items()},
+          "general_relative_drop_interval": {name: g["relative_drop_interval"][k]
+                                             for name, g in curve["general"].items()},
           "general_num_docs": {name: g["num_docs"] for name, g in curve["general"].items()}}

@@ -19,6 +19,13 @@ def _percent(value) -> str:
   return "  n/a" if value is None else f"{100 * value:4.0f}%"
 
 
+def _drop(value, interval=None) -> str:
+  text = _percent(value).strip()
+  if interval and None not in interval:
+    text += f" [{100 * interval[0]:.0f}, {100 * interval[1]:.0f}]"
+  return text
+
+
 def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str:
   t = heads["timing"]
   lines = [f"{task_label(heads['task'])} on {heads['model']} ({heads['method']}, metric {heads['metric']}): "
@@ -44,30 +51,29 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
     lines.append(f"selection: {heads['selection']}")
   by_name = {h["name"]: h for h in heads["heads"]}
   universal = heads.get("universal") or {}
+  split = universal.get("confirmed_on", "held_out")
+  drop_key = f"{split}_single_head_drop"
   if universal:
-    lines.append(f"universal heads ({universal['rule']}): " + (", ".join(heads["universal_heads"]) or "none"))
-  split = (universal.get("confirmed_on") or "held_out").replace("_", "-")
+    lines.append(f"universal heads (ablated alone, ≥ {100 * universal['threshold']:.0f}% drop on ≥ "
+                 f"{universal['min_tasks']} tasks, {split.replace('_', '-')}): "
+                 + (", ".join(heads["universal_heads"]) or "none"))
   for name in heads.get("universal_heads", []):
-    drops = by_name[name].get(f"{universal.get('confirmed_on')}_single_head_drop", {})
+    drops = by_name[name].get(drop_key, {})
     lines.append(f"  {name}: " + ", ".join(f"{task} {_percent(d).strip()}" for task, d in drops.items()))
   tasks = [task_label(heads["task"])] + list(general)
-  width = [max(9, len(n)) for n in tasks]
+  columns = "  ".join(f"{n:>{max(9, len(n))}s}" for n in tasks)
   confident = heads.get("confidence") is not None
-  header = f"{'rank':>4s}  {'head':7s} {'value':>8s}"
-  if confident:
-    header += f" {'selected':>8s} {'95% interval':>17s}"
-  header += f"   ablated alone ({split}), relative drop: " + " ".join(f"{n:>{w}s}" for n, w in zip(tasks, width))
-  lines.append(header)
+  head = f"{'rank':>4s}  {'head':7s} {'value':>8s}" + (f" {'selected':>8s} {'95% interval':>17s}" if confident else "")
+  lines.append(f"{head}   ablated alone ({split.replace('_', '-')}), relative drop:")
+  lines.append(" " * (len(head) + 3) + columns)
   for rank, name in enumerate(heads["top_k"], start=1):
     h = by_name[name]
     line = f"{rank:4d}  {name:7s} {h['score']:8.4f}"
     if confident:
       low, high = h["interval"]
       line += f" {100 * h['selection_frequency']:7.0f}% [{low:7.3f},{high:7.3f}]"
-    drops = h.get(f"{universal.get('confirmed_on', 'held_out')}_single_head_drop", {})
-    line += " " * (len(header) - len(line) - len(" ".join(f"{n:>{w}s}" for n, w in zip(tasks, width))))
-    line += " ".join(f"{_percent(drops.get(n)):>{w}s}" for n, w in zip(tasks, width))
-    lines.append(line)
+    drops = h.get(drop_key, {})
+    lines.append(line + "   " + "  ".join(f"{_percent(drops.get(n)):>{max(9, len(n))}s}" for n in tasks))
   if confident:
     lines.append(f"selected: share of {heads['confidence']['resamples']} bootstrap resamples "
                  f"({heads['confidence']['resampled']}) whose top-{len(heads['top_k'])} holds the head")
@@ -76,9 +82,12 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
       record = ablation.get(key)
       if not record:
         continue
-      general_drops = ", ".join(f"{task_label(n)} {_percent(d).strip()}" for n, d in record["general_relative_drop"]
-                                .items())
-      lines.append(f"top-{record['k']} ablated together, {label} ({record['num_docs']} documents per task): "
-                   f"{task_label(heads['task'])} {_percent(record['task_relative_drop']).strip()} drop"
+      intervals = record.get("general_relative_drop_interval", {})
+      general_drops = ", ".join(f"{task_label(n)} {_drop(d, intervals.get(n))}"
+                                for n, d in record["general_relative_drop"].items())
+      lines.append(f"top-{record['k']} ablated together, {label} ({record['num_docs']} documents per task), relative drop: "
+                   f"{task_label(heads['task'])} {_drop(record['task_relative_drop'], record.get('task_relative_drop_interval'))}"
                    + (f"; general: {general_drops}" if general_drops else ""))
+    if ablation.get("held_out", {}).get("task_relative_drop_interval"):
+      lines.append("[ ]: 95% interval over the documents (paired bootstrap)")
   return "\n".join(lines)

@@ -8,6 +8,7 @@ from absl import flags
 
 import experiments.localize  # noqa: F401 - defines the flags
 from jaxloc import cli
+from jaxloc.localize.run import load_tasks
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.models.loading import ALIASES, resolve
 from jaxloc.tasks.registry import get_task
@@ -21,7 +22,7 @@ def test_paper_grid_is_complete():
   for model in ("llama31_8b", "llama32_3b", "llama32_1b", "qwen25_7b", "qwen25_3b"):
     for task in ("gsm8k", "mbpp", "swearing", "rhyming"):
       assert f"{model}_{task}.flags" in names
-  assert "smollm2_default.flags" in names
+  assert {"smollm2_default.flags", "smollm2_arithmetic.flags", "smollm2_induction.flags"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
@@ -39,6 +40,7 @@ def test_flagfile_parses_into_valid_settings(path):
       get_task(name)
     if FLAGS.model in ALIASES:
       assert resolve(FLAGS.model)[0] == "gguf"
+      load_tasks(settings)  # offline tasks: enough documents for identification and held-out validation
     else:
       assert resolve(FLAGS.model)[0] == "hub"
     with open(path) as f:

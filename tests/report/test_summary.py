@@ -16,12 +16,12 @@ def test_a_custom_task_is_named_by_its_file_stem():
   heads = _heads("/x/y/capitals.jsonl")
   heads["heads"][0]["held_out_single_head_drop"] = {"capitals": 0.6, "counting": 0.02}
   heads.update(general_tasks={"counting": {"metric": "accuracy", "baseline": 0.95, "num_docs": 10}},
-               universal={"rule": "r", "confirmed_on": "held_out"})
+               universal={"rule": "r", "threshold": 0.3, "min_tasks": 2, "confirmed_on": "held_out"})
   ablation = {"held_out": {"num_docs": 7, "k": 1, "heads": ["L1H2"], "task_relative_drop": 0.667,
                            "general_relative_drop": {"counting": 0.04}}}
   table = summary_table(heads, ablation)
   assert "/x/y" not in table and table.startswith("capitals on m")
-  assert "top-1 ablated together, held-out (7 documents per task): capitals 67% drop; general: counting 4%" in table
+  assert "top-1 ablated together, held-out (7 documents per task), relative drop: capitals 67%; general: counting 4%" in table
   assert "60%" in table and "2%" in table
 
 
