@@ -25,9 +25,9 @@ def heatmap(coefficients: np.ndarray, heads: dict[str, Any], path: str) -> None:
     if h["name"] in set(heads["top_k"]):
       ax.add_patch(plt.Rectangle((h["head"] - 0.5, h["layer"] - 0.5), 1, 1, fill=False, edgecolor="black",
                                  linewidth=2))
-      if "selection_frequency" in h:
-        ax.annotate(f"{100 * h['selection_frequency']:.0f}%", (h["head"] + 0.55, h["layer"]), fontsize=7,
-                    va="center", ha="left", color="black")
+      if "selection_frequency" in h:  # inside the box, so that heads at the edge keep their label
+        ax.text(h["head"], h["layer"], f"{100 * h['selection_frequency']:.0f}%", fontsize=6, va="center",
+                ha="center", color="black")
   by_name = {h["name"]: h for h in heads["heads"]}
   for name in heads.get("universal_heads", []):
     h = by_name[name]
@@ -70,9 +70,14 @@ def ablation_curve(ablation: dict[str, Any], path: str) -> None:
   plt.close(fig)
 
 
+def _band(intervals) -> tuple[np.ndarray, np.ndarray]:
+  rows = np.array([[np.nan if x is None else x for x in row] for row in intervals], float) * 100
+  return rows[:, 0], rows[:, 1]
+
+
 def specificity_curve(ablation: dict[str, Any], path: str) -> None:
   """For k = 1..K heads ablated together (held out): the target drop and the largest general drop, for the run's
-  selection and, when it is not raw, for the raw ranking."""
+  selection (shaded: 95% intervals over the documents) and, when it is not raw, for the raw ranking."""
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
   curves = [(ablation["selection"], ablation["specificity_curve"], "-")]
   if "raw_specificity_curve" in ablation:
@@ -83,6 +88,13 @@ def specificity_curve(ablation: dict[str, Any], path: str) -> None:
             label=f"{label}: {curve['task']['name']} drop")
     general = np.array([np.nan if v is None else v for v in curve["max_general_relative_drop"]], float)
     ax.plot(k, general * 100, style, marker=".", color="tab:red", label=f"{label}: largest general drop")
+    if style == "-" and "relative_drop_interval" in curve["task"]:  # 95% intervals of the run's selection
+      ax.fill_between(k, *_band(curve["task"]["relative_drop_interval"]), color="black", alpha=0.12, linewidth=0)
+      worst = [max(curve["general"].values(), key=lambda g: np.nan_to_num(g["relative_drop"][j], nan=-np.inf))
+               for j in k] if curve["general"] else []
+      if worst:
+        ax.fill_between(k, *_band([g["relative_drop_interval"][j] for j, g in zip(k, worst)]), color="tab:red",
+                        alpha=0.12, linewidth=0)
   ax.axhline(0, color="grey", linewidth=0.8)
   ax.set_xticks(curves[0][1]["k"])
   ax.set_xlabel("top-k heads ablated together")

@@ -64,6 +64,8 @@ def test_run_writes_every_output(tiny_model_dir, capitals_jsonl, tmp_path):
   held_out = ablation["held_out"]
   assert held_out["num_docs"] == 4 and set(held_out["general_relative_drop"]) == {"counting"}
   assert held_out["heads"] == heads["top_k"] == ablation["heads"]
+  low, high = held_out["task_relative_drop_interval"]
+  assert low <= held_out["task_relative_drop"] <= high  # a paired bootstrap over the held-out documents
   assert ablation["specificity_curve"]["k"][0] == 0 and ablation["in_sample"]["num_docs"] == 8
   top = [h for h in heads["heads"] if h["name"] in heads["top_k"]]
   assert all(0 <= h["selection_frequency"] <= 1 and h["interval"][0] <= h["interval"][1] for h in top)
