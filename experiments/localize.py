@@ -2,8 +2,9 @@
 
     python -m experiments.localize --flagfile=experiments/configs/smollm2_default.flags
 
-Writes measurements.npz, heads.json, coefficients.npy, heatmap.png, ablation.json and
-ablation_curve.png to --output_dir. Re-running the same command resumes an interrupted run without
+Writes measurements.npz (the target's; each general task's under the same masks in general/<task>/),
+heads.json, coefficients.npy, heatmap.png, ablation.json (held-out validation), ablation_curve.png and
+specificity_curve.png to --output_dir. Re-running the same command resumes an interrupted run without
 re-measuring any saved mask. Every flag but the model/engine ones is a field of
 `jaxloc.localize.settings.LocalizeSettings` (one definition of its default and help).
 """
