@@ -64,7 +64,7 @@ def define_flags(settings_class, skip: tuple[str, ...] = (), choices: dict[str, 
     elif kind is float:
       flags.DEFINE_float(field.name, default, help_text, **bounds)
     elif kind in (list, dict):
-      shown = [f"{k}={v}" for k, v in default.items()] if kind is dict else default
+      shown = [f"{k}={v}" for k, v in default.items()] if kind is dict else [str(v) for v in default]
       flags.DEFINE_list(field.name, shown, help_text)
     else:
       flags.DEFINE_string(field.name, default, help_text)
@@ -81,8 +81,22 @@ def settings_from_flags(settings_class) -> Any:
     value = FLAGS[field.name].value
     kind = field.metadata.get("type", type(field.default_factory() if field.default_factory is not
                                              dataclasses.MISSING else field.default))
-    values[field.name] = parse_options(value) if kind is dict else (list(value) if kind is list else value)
+    if kind is dict:
+      value = parse_options(value)
+    elif kind is list:
+      value = _elements(field.name, value, field.metadata.get("element"))
+    values[field.name] = value
   return settings_class(**values)
+
+
+def _elements(name: str, values, element) -> list:
+  """A list flag's values converted to the field's `element` type (strings when it names none)."""
+  if element is None:
+    return list(values)
+  try:
+    return [element(v) for v in values]
+  except ValueError:
+    raise UserError(f"--{name}={','.join(values)} must be a list of {element.__name__}s") from None
 
 
 def engine_from_flags():

@@ -37,12 +37,10 @@ from jaxloc.errors import UserError
 from jaxloc.heads import head_name
 from jaxloc.localize import methods
 from jaxloc.localize.methods import Measured, Ranking
-from jaxloc.localize.settings import LocalizeSettings
+from jaxloc.localize.settings import LocalizeSettings, setting
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BUDGETS = (0.1, 0.25, 0.5, 1.0)
-DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 METRIC_TOKENS = ("accuracy", "logprob", "acc", "acc_norm", "exact_match")
 
 
@@ -235,25 +233,28 @@ def summarize(records: Sequence[dict[str, Any]], metric: str, k: int) -> list[di
 
 @dataclasses.dataclass
 class EfficiencyConfig:
-  """Everything a benchmark run depends on (flags of `experiments.benchmark_efficiency`)."""
+  """Everything a benchmark run depends on: one field per flag of `experiments.benchmark_efficiency` (the flags
+  are generated from these fields, `jaxloc.cli.define_flags`, so a default lives here only)."""
 
-  output_dir: str
-  model: str = "smollm2-135m"
-  tasks: Sequence[str] = ("plurals", "arithmetic_1d_4shot")
-  num_samples: int = 100
-  sample_seed: int = 0
-  methods: Sequence[str] = ()  # empty: default_variants()
-  budgets: Sequence[float] = DEFAULT_BUDGETS
-  seeds: Sequence[int] = DEFAULT_SEEDS
-  top_k: int = 5
-  headline_metric: str = "accuracy"
-  iterative_greedy: bool = False
-  noise_floor: bool = True
-  gradient: bool = True
-  # Synthetic mode.
-  synthetic_sizes: Sequence[tuple[int, int]] = ((16, 32), (32, 32))
-  synthetic_planted: int = 10
-  synthetic_interaction_scale: float = 0.5
+  output_dir: str = setting(None, "Where the outputs and the measurement cache go.", type=str, required=True)
+  model: str = "smollm2-135m"  # the --model flag of the model flags
+  tasks: list = setting(["plurals", "arithmetic_1d_4shot"], "Tasks to benchmark (real mode).")
+  num_samples: int = setting(100, "Documents per task (seeded subset).", lower=2)
+  sample_seed: int = setting(0, "Seed of the document subset.")
+  methods: list = setting([], "Methods: registered method names with setting tokens (see jaxloc/bench/sweep.py); "
+                          "empty = the default set.")
+  budgets: list = setting([0.1, 0.25, 0.5, 1.0], "Budgets as fractions of N evaluations.", element=float)
+  seeds: list = setting([0, 1, 2, 3, 4], "Design seeds.", element=int)
+  top_k: int = setting(5, "Heads compared with greedy's top-k.", lower=1)
+  headline_metric: str = setting("accuracy", "Metric of the ground truth that the recall figures use.")
+  iterative_greedy: bool = setting(False, "Also run iterative greedy's top-k (about k·N evaluations).")
+  noise_floor: bool = setting(True, "Greedy on two disjoint halves of the docs (about N more half-size "
+                              "evaluations), design saturation and additivity of the top heads.")
+  gradient: bool = setting(True, "Time the mask gradient and run the methods that use it.")
+  synthetic_sizes: list = setting([(16, 32), (32, 32)], "Synthetic mode: (layers, heads) of each problem.")
+  synthetic_planted: int = setting(10, "Synthetic mode: heads with a large effect.", lower=1)
+  synthetic_interaction_scale: float = setting(0.5, "Synthetic mode: sd of pairwise interactions (logits).",
+                                               lower=0.0)
 
   def check(self) -> list[Variant]:
     if self.top_k < 1:

@@ -16,7 +16,8 @@ from jaxloc.models.loading import SMOLLM2_ALIAS
 
 
 def setting(default: Any, help: str, **metadata: Any) -> Any:  # noqa: A002 - absl's word for it
-  """A settings field: default, help text, and optional `lower`/`upper` bounds, `choices`, `type`."""
+  """A settings field: default, help text, and optional `lower`/`upper` bounds, `choices`, `type`, and for a
+  list the `element` type its flag's values are converted to."""
   if isinstance(default, (list, dict)):
     return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help, **metadata})
   return dataclasses.field(default=default, metadata={"help": help, **metadata})
