@@ -183,12 +183,15 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
   # Universal heads and single-head checks are measured on documents the design never saw (held out; the
   # identification documents when not validating).
   t = time.perf_counter()
-  confirming = identification
+  metrics = [m.store.metric for m in measuring]
+  in_sample = validate.Scorer(identification, metrics)
+  confirming = in_sample
   if settings.validate:
-    confirming = [Evaluator(engine, e.name, e.task, td.held_out, e.head_fill) for e, td in zip(identification, tasks.all)]
+    confirming = validate.Scorer([Evaluator(engine, e.name, e.task, td.held_out, e.head_fill)
+                                  for e, td in zip(identification, tasks.all)], metrics)
   found = _find_heads(settings, ranking, general_rankings, measuring, excluded, confirming)
   if settings.validate:
-    _validate(settings, found, confirming, identification, [m.store.metric for m in measuring])
+    _validate(settings, found, confirming, in_sample)
   timing["validate_seconds"] = time.perf_counter() - t
 
   t = time.perf_counter()
@@ -223,14 +226,13 @@ def _open_stores(settings: LocalizeSettings, method, tasks: Tasks, identificatio
 
 
 def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring: list[Measuring],
-                excluded: np.ndarray, confirming: list[Evaluator]) -> Found:
+                excluded: np.ndarray, confirming: validate.Scorer) -> Found:
   """Estimated effects per task, universal heads (flagged, then confirmed alone) and the selection."""
   effects = specificity.Effects(
       [m.evaluator.name for m in measuring],
       np.stack([specificity.relative_drops(r, m.store.baseline)
                 for r, m in zip([ranking, *general_rankings], measuring)]))
   order = [int(h) for h in ranking.order if not excluded[h]]
-  metrics = [m.store.metric for m in measuring]
   candidates = specificity.universal_candidates(effects, order, excluded, settings.universal_threshold,
                                                 settings.universal_min_tasks, settings.universal_candidates)
   count = max(settings.curve_k, settings.top_k)
@@ -242,40 +244,39 @@ def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring
   # One batch of single-head ablations for the candidates and the heads selected if none is universal, then
   # any head the final selection adds.
   first = list(dict.fromkeys(candidates + select([])))
-  alone = dict(zip(first, validate.single_head_drops(first, confirming, metrics)))
+  alone = dict(zip(first, validate.single_head_drops(first, confirming)))
   universal = [h for h in candidates
                if specificity.breaks(alone[h], settings.universal_threshold, settings.universal_min_tasks)]
   selected = select(universal)
   missing = [h for h in selected if h not in alone]
-  alone.update(zip(missing, validate.single_head_drops(missing, confirming, metrics)))
+  alone.update(zip(missing, validate.single_head_drops(missing, confirming)))
   if len(selected) < settings.top_k:
     log.warning("only %d heads qualify under --selection=%s (try --selection=raw or a larger "
                 "--specific_max_general_drop)", len(selected), settings.selection)
   return Found(ranking, general_rankings, effects, order, candidates, universal, selected, alone)
 
 
-def _validate(settings: LocalizeSettings, found: Found, held_out: list[Evaluator], identification: list[Evaluator],
-              metrics: list[str]) -> None:
+def _validate(settings: LocalizeSettings, found: Found, held_out: validate.Scorer, identification: validate.Scorer
+              ) -> None:
   """ablation.json: the selected heads ablated together on held-out documents (and in-sample, labelled), the
   specificity curves of the selection and of the raw ranking, the held-out single-head drops."""
-  num_heads = held_out[0].engine.config.num_heads
-  name = lambda h: head_name(*divmod(int(h), num_heads))  # noqa: E731
+  name = lambda h: head_name(*divmod(int(h), held_out.num_heads))  # noqa: E731
   top = found.selected[:settings.top_k]
-  curve = validate.ablation_curve(found.selected, settings.curve_k, held_out, metrics)
-  in_sample = validate.ablation_curve(top, len(top), identification, metrics)
+  curve = validate.ablation_curve(found.selected, settings.curve_k, held_out)
+  in_sample = validate.ablation_curve(top, len(top), identification)
   ablation: dict[str, Any] = {
-      "metric": metrics[0], "selection": settings.selection, "heads": [name(h) for h in top],
+      "metric": held_out.metrics[0], "selection": settings.selection, "heads": [name(h) for h in top],
       "held_out": validate.drops_at(curve, min(len(top), len(curve["k"]) - 1)),
       "in_sample": validate.drops_at(in_sample, len(top)),
       "specificity_curve": curve,
-      "single_head_drops": {name(h): {task_label(e.name): float(d) for e, d in zip(held_out, drops)}
+      "single_head_drops": {name(h): {task_label(e.name): float(d) for e, d in zip(held_out.eval_sets, drops)}
                             for h, drops in found.alone.items()},
       "universal_heads": [name(h) for h in found.universal],
   }
   if settings.selection != "raw":
     raw = specificity.select(found.order, found.effects, np.zeros(len(found.ranking.values), bool), found.universal,
                              "raw", 0.0, settings.curve_k)
-    ablation["raw_specificity_curve"] = validate.ablation_curve(raw, settings.curve_k, held_out, metrics)
+    ablation["raw_specificity_curve"] = validate.ablation_curve(raw, settings.curve_k, held_out)
   files.write_json(os.path.join(settings.output_dir, "ablation.json"), ablation)
 
 
@@ -296,7 +297,7 @@ def _confidence(settings: LocalizeSettings, method, context: methods.Context, fo
 
 
 def _heads_json(settings: LocalizeSettings, num_heads: int, found: Found, excluded: np.ndarray,
-                conf: confidence.Confidence | None, measuring: list[Measuring], confirming: list[Evaluator]
+                conf: confidence.Confidence | None, measuring: list[Measuring], confirming: validate.Scorer
                 ) -> dict[str, Any]:
   name = lambda h: head_name(*divmod(int(h), num_heads))  # noqa: E731
   split = "held_out" if settings.validate else "in_sample"
@@ -312,7 +313,7 @@ def _heads_json(settings: LocalizeSettings, num_heads: int, found: Found, exclud
       entry.update(selection_frequency=float(conf.selection_frequency[h]),
                    interval=[float(conf.low[h]), float(conf.high[h])])
     if h in found.alone:
-      entry[f"{split}_single_head_drop"] = {task_label(e.name): float(d) for e, d in zip(confirming, found.alone[h])}
+      entry[f"{split}_single_head_drop"] = {task_label(e.name): float(d) for e, d in zip(confirming.eval_sets, found.alone[h])}
     heads.append(entry)
   target = measuring[0].store
   return {

@@ -37,8 +37,30 @@ def _cumulative_masks(order: Sequence[int], k: int, num_layers: int, num_heads: 
   return masks.reshape(k + 1, num_layers, num_heads)
 
 
-def _scores(eval_sets: Sequence[Evaluator], metrics: Sequence[str], keep: np.ndarray) -> list[np.ndarray]:
-  return [np.asarray(s.run(keep)[m], np.float64) for s, m in zip(eval_sets, metrics)]
+class Scorer:
+  """The tasks of a validation on one document split, each scored in its metric, every distinct keep-mask
+  evaluated once: the unablated model, a head that is both checked alone and first in a curve, and the prefix
+  two curves share are measured one time however many reports use them."""
+
+  def __init__(self, eval_sets: Sequence[Evaluator], metrics: Sequence[str]):
+    self.eval_sets, self.metrics = list(eval_sets), list(metrics)
+    self._cache: list[dict[bytes, np.ndarray]] = [{} for _ in self.eval_sets]  # mask bytes -> float [docs]
+    c = self.eval_sets[0].engine.config
+    self.num_layers, self.num_heads = c.num_layers, c.num_heads
+
+  def per_doc(self, keep: np.ndarray) -> list[np.ndarray]:
+    """Per eval set, float [masks, docs] of its metric under each keep-mask [masks, L, H]."""
+    keep = np.asarray(keep, np.float32)
+    keys = [row.tobytes() for row in keep]
+    for eval_set, metric, cache in zip(self.eval_sets, self.metrics, self._cache):
+      first: dict[bytes, int] = {}
+      for i, key in enumerate(keys):
+        first.setdefault(key, i)
+      todo = [i for key, i in first.items() if key not in cache]
+      if todo:
+        values = np.asarray(eval_set.run(keep[todo], per_doc=True)[metric], np.float64)
+        cache.update(zip((keys[i] for i in todo), values))
+    return [np.stack([cache[key] for key in keys]) for cache in self._cache]
 
 
 def drop_interval(per_doc: np.ndarray, seed: int = 0) -> np.ndarray:
@@ -52,29 +74,26 @@ def drop_interval(per_doc: np.ndarray, seed: int = 0) -> np.ndarray:
   return np.nanpercentile(drops, [2.5, 97.5], axis=1).T
 
 
-def single_head_drops(heads: Sequence[int], eval_sets: Sequence[Evaluator], metrics: Sequence[str]
-                      ) -> np.ndarray:
+def single_head_drops(heads: Sequence[int], scorer: Scorer) -> np.ndarray:
   """Relative drop [heads, eval sets] of each set's metric with one head ablated."""
-  drops = np.zeros((len(heads), len(eval_sets)))
+  drops = np.zeros((len(heads), len(scorer.eval_sets)))
   if not len(heads):
     return drops
-  c = eval_sets[0].engine.config
-  keep = np.ones((len(heads) + 1, c.num_layers * c.num_heads), np.float32)
+  keep = np.ones((len(heads) + 1, scorer.num_layers * scorer.num_heads), np.float32)
   keep[np.arange(1, len(heads) + 1), np.asarray(heads, np.int64)] = 0
-  for j, values in enumerate(_scores(eval_sets, metrics, keep.reshape(-1, c.num_layers, c.num_heads))):
-    drops[:, j] = relative_drop(float(values[0]), values[1:])
+  for j, values in enumerate(scorer.per_doc(keep.reshape(-1, scorer.num_layers, scorer.num_heads))):
+    means = values.mean(axis=1)
+    drops[:, j] = relative_drop(float(means[0]), means[1:])
   return drops
 
 
-def ablation_curve(order: Sequence[int], k: int, eval_sets: Sequence[Evaluator], metrics: Sequence[str]
-                   ) -> dict[str, Any]:
+def ablation_curve(order: Sequence[int], k: int, scorer: Scorer) -> dict[str, Any]:
   """Every task's metric and relative drop (with its 95% interval) with the first 0..k heads of `order`
   ablated together, and the largest general drop at each k (the specificity curve when `order` is a
   selection)."""
-  c = eval_sets[0].engine.config
+  eval_sets, metrics = scorer.eval_sets, scorer.metrics
   k = min(k, len(order))
-  keep = _cumulative_masks(order, k, c.num_layers, c.num_heads)
-  per_doc = [np.asarray(s.run(keep, per_doc=True)[m], np.float64) for s, m in zip(eval_sets, metrics)]
+  per_doc = scorer.per_doc(_cumulative_masks(order, k, scorer.num_layers, scorer.num_heads))
 
   def entry(eval_set, metric, values):
     scores = values.mean(axis=1)
@@ -86,7 +105,7 @@ def ablation_curve(order: Sequence[int], k: int, eval_sets: Sequence[Evaluator],
   entries = [entry(s, m, v) for s, m, v in zip(eval_sets, metrics, per_doc)]
   general = np.array([e["relative_drop"] for e in entries[1:]], float).reshape(-1, k + 1)
   return {
-      "heads": [head_name(*divmod(int(h), c.num_heads)) for h in order[:k]],
+      "heads": [head_name(*divmod(int(h), scorer.num_heads)) for h in order[:k]],
       "k": list(range(k + 1)),
       "task": {"name": eval_sets[0].name, **entries[0]},
       "general": {s.name: e for s, e in zip(eval_sets[1:], entries[1:])},

@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxloc.errors import UserError
 from jaxloc.models import checkpoints, presets

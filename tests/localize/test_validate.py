@@ -19,3 +19,34 @@ def test_the_interval_of_a_drop_is_paired_over_documents_and_covers_it():
   other = (rng.random(100) < base.mean() * (1 - drop)).astype(float)
   wide = validate.drop_interval(np.stack([base, other]))[1]
   assert wide[1] - wide[0] > intervals[1, 1] - intervals[1, 0]
+
+
+class _CountingEvaluator:
+  """Scores each document 1 per kept head in layer 0 and counts the masks it is asked to run."""
+
+  class engine:  # noqa: N801 - the face validate reads: engine.config
+    class config:  # noqa: N801
+      num_layers, num_heads = 2, 3
+
+  name, docs = "t", [0, 1, 2]
+
+  def __init__(self):
+    self.masks_run = 0
+
+  def run(self, keep, per_doc=False):
+    self.masks_run += len(keep)
+    score = np.asarray(keep)[:, 0, :].sum(axis=1)
+    return {"m": np.repeat(score[:, None], len(self.docs), axis=1) + np.arange(len(self.docs))}
+
+
+def test_a_scorer_evaluates_each_distinct_mask_once_across_reports():
+  evaluator = _CountingEvaluator()
+  scorer = validate.Scorer([evaluator], ["m"])
+  drops = validate.single_head_drops([0, 1, 4], scorer)  # unablated + 3 heads
+  assert evaluator.masks_run == 4
+  np.testing.assert_allclose(drops[:, 0], [1 / 4, 1 / 4, 0.0])  # baseline mean 4 (3 kept + doc offsets 0..2)
+  curve = validate.ablation_curve([0, 2, 1], 3, scorer)  # unablated and "head 0 alone" are already known
+  assert evaluator.masks_run == 4 + 2
+  np.testing.assert_allclose(curve["task"]["scores"], [4, 3, 2, 1])
+  validate.ablation_curve([0, 2], 2, scorer)  # a prefix of the first curve: nothing new
+  assert evaluator.masks_run == 6
