@@ -68,8 +68,8 @@ class Engine:
     self._generate_fn = jax.jit(functools.partial(generation.greedy_generate, module, config, dtype=dtype),
                                 static_argnames=("max_new_tokens", "pad_id"))
     self._head_sums_fn = jax.jit(functools.partial(_head_sums, module, dtype=dtype))
-    self._mask_grad_fn = jax.jit(jax.grad(functools.partial(scoring.weighted_logprob, module, config, dtype=dtype),
-                                          argnums=1))
+    self._objective_fn = jax.jit(functools.partial(scoring.mask_objective_and_grad, module, config, dtype=dtype),
+                                 static_argnames=("retained",))
 
   # -- bookkeeping ----------------------------------------------------------------------------
 
@@ -77,7 +77,7 @@ class Engine:
   def compile_count(self) -> int:
     """Distinct compiled shapes so far, over all of the engine's jitted functions."""
     return sum(fn._cache_size() for fn in (self._prefix_fn, self._score_fn, self._generate_fn,  # noqa: SLF001
-                                           self._head_sums_fn, self._mask_grad_fn))
+                                           self._head_sums_fn, self._objective_fn))
 
   @property
   def tokenizer(self):
@@ -319,35 +319,45 @@ class Engine:
 
   # -- attribution ----------------------------------------------------------------------------
 
-  def mask_gradient(self, requests: Sequence[ScoringRequest], weights: Sequence[float] | None = None,
-                    head_fill=None) -> np.ndarray:
-    """d/d(head mask) of sum_r weights[r] * logprob_r at the unablated model: [L, H].
+  def mask_objective(self, requests: Sequence[ScoringRequest], head_masks, weights: Sequence[float] | None = None,
+                     offsets: Sequence[float] | None = None, *, retained: bool = False, head_fill=None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Per keep-mask m (soft values allowed): sum_r weights[r] * f(logprob[m, r] - offsets[r]) and its gradient
+    in the mask, float [M] and [M, L, H]; f is the identity, or with `retained` exp(min(., 0)), the probability a
+    request keeps relative to `offsets` (`scoring.mask_objective`). Weights default to 1/R, offsets to 0.
 
-    One backward pass per request chunk. A head whose gradient is large and positive loses the most
-    log-probability when its output is scaled down: -gradient is the first-order estimate of the
-    score change from ablating it (weights default to 1/R: the mean summed logprob).
+    One forward and backward pass per request chunk and mask batch. At an all-ones mask with the defaults the
+    gradient is the mask gradient: a head whose gradient is large and positive loses the most log-probability
+    when its output is scaled down.
     """
-    lay, _ = self.prepare(requests, 1)
+    masks = self._check_masks(head_masks)
+    lay, plan = self.prepare(requests, len(masks))
     weights = np.full(len(requests), 1.0 / len(requests)) if weights is None else np.asarray(weights, np.float64)
-    if weights.shape != (len(requests),):
-      raise UserError(f"need one weight per request ({len(requests)}), got {weights.shape}")
-    c = self.config
+    offsets = np.zeros(len(requests)) if offsets is None else np.asarray(offsets, np.float64)
+    for name, given in (("weight", weights), ("offset", offsets)):
+      if given.shape != (len(requests),):
+        raise UserError(f"need one {name} per request ({len(requests)}), got {given.shape}")
     replicated = mesh_lib.replicated(self.mesh)
-    ones = mesh_lib.put(np.ones((1, c.num_layers, c.num_heads), self.dtype), replicated)
     prefix = mesh_lib.put(lay.prefix, replicated) if len(lay.prefix) else None
     fill = self._fill(head_fill)
-    total = np.zeros((c.num_layers, c.num_heads), np.float64)
+    values = np.zeros(len(masks), np.float64)
+    grads = np.zeros(masks.shape, np.float64)
     for chunk in lay.chunks:
       rows = chunk.index >= 0
-      chunk_weights = np.zeros(len(chunk.index), np.float32)
-      chunk_weights[rows] = weights[chunk.index[rows]]
+      per_row = [np.zeros(len(chunk.index), np.float32) for _ in range(2)]
+      for row_values, given in zip(per_row, (weights, offsets)):
+        row_values[rows] = given[chunk.index[rows]]
       split = len(chunk.index) % self.data_parallel == 0  # request rows over the data axis when they divide
       arrays = [mesh_lib.put(a, mesh_lib.data_sharding(self.mesh, a.ndim) if split else replicated)
                 for a in (chunk.tokens, chunk.positions, chunk.target_pos, chunk.target_ids, chunk.target_valid,
-                          chunk_weights)]
-      grad = self._mask_grad_fn(self.params, ones, fill, prefix, *arrays)
-      total += np.asarray(mesh_lib.to_host(grad)[0], np.float64)
-    return total
+                          *per_row)]
+      for begin in range(0, len(masks), plan.masks_per_call):
+        batch = masks[begin:begin + plan.masks_per_call]
+        head_mask = mesh_lib.put(batch.astype(self.dtype), replicated)
+        value, grad = self._objective_fn(self.params, head_mask, fill, prefix, *arrays, retained=retained)
+        values[begin:begin + len(batch)] += mesh_lib.to_host(value)
+        grads[begin:begin + len(batch)] += mesh_lib.to_host(grad)
+    return values, grads
 
   # -- mean ablation --------------------------------------------------------------------------
 

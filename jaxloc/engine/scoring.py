@@ -185,16 +185,33 @@ def score_chunk(module, config, params, head_mask, head_fill, context: Context |
   return logprob, is_greedy
 
 
-def weighted_logprob(module, config, params, head_mask, head_fill, prefix_tokens, tokens, positions, target_pos,
-                     target_ids, target_valid, weights, dtype):
-  """sum over requests of weights [Rb] * summed continuation logprob, under one mask [1, L, H].
+def mask_objective(module, config, params, head_mask, head_fill, prefix_tokens, tokens, positions, target_pos,
+                   target_ids, target_valid, weights, offsets, dtype, retained: bool = False):
+  """Per mask [Mb]: sum over requests of weights[r] * f(logprob[m, r] - offsets[r]), where f is the identity, or
+  with `retained` the probability kept relative to the offsets, exp(min(., 0)) (in [0, 1]: a request that loses
+  everything counts 1, however many nats it loses).
 
-  Differentiable in `head_mask` (the prefix keys/values are recomputed inside, so the gradient flows
-  through them too): `jax.grad` of this at an all-ones mask is mask-gradient attribution.
+  Differentiable in `head_mask` (the prefix keys/values are recomputed inside, so the gradient flows through them
+  too): at an all-ones mask with zero offsets its gradient is mask-gradient attribution; at soft masks it is
+  what a learned mask trains on.
   """
   context = None
   if prefix_tokens is not None:
     context = prefix_context(module, params, head_mask, head_fill, prefix_tokens, dtype)
   logprob, _ = score_chunk(module, config, params, head_mask, head_fill, context, tokens, positions, target_pos,
                            target_ids, target_valid, dtype)
-  return jnp.sum(logprob[0] * weights)
+  change = logprob - offsets[None]
+  values = jnp.exp(jnp.minimum(change, 0.0)) if retained else change
+  return values @ weights
+
+
+def mask_objective_and_grad(module, config, params, head_mask, *args, dtype, retained: bool = False):
+  """`mask_objective` [Mb] and its gradient in the mask [Mb, L, H] (masks are independent: the gradient of the
+  sum over masks is each mask's own)."""
+
+  def total(mask):
+    values = mask_objective(module, config, params, mask, *args, dtype=dtype, retained=retained)
+    return values.sum(), values
+
+  (_, values), grad = jax.value_and_grad(total, has_aux=True)(head_mask)
+  return values, grad

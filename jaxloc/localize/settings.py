@@ -34,7 +34,8 @@ class LocalizeSettings:
                         choices="methods")
   task_options: dict = setting({}, "Task options as key=value.")
   num_masks: int = setting(300, "Evaluation budget of the method: design masks for compressed sensing and "
-                           "two_stage (screen plus confirmations); heads confirmed for gradient_confirm; heads "
+                           "two_stage (screen plus confirmations); heads confirmed for gradient_confirm and "
+                           "learned_mask; heads "
                            "ablated alone for one_shot_greedy (a seeded random subset when fewer than all).",
                            lower=1)
   ablation_rate: float = setting(0.1, "Fraction of heads each compressed-sensing mask ablates.", lower=1e-6,
@@ -42,6 +43,17 @@ class LocalizeSettings:
   screen_fraction: float = setting(0.5, "two_stage: fraction of --num_masks spent on the compressed-sensing "
                                    "screen; the rest ablate the screen's top heads one at a time.", lower=1e-6,
                                    upper=1 - 1e-6)
+  mask_steps: int = setting(60, "learned_mask: Adam steps of the gate training.", lower=1)
+  mask_restarts: int = setting(2, "learned_mask: restarts (different initial gates and noise) per L0 strength.",
+                               lower=1)
+  mask_l0: list = setting([0.005, 0.02], "learned_mask: L0 penalty strengths (cost of each expected ablated head "
+                          "against the target's retained probability in [0, 1]); every restart x strength is one "
+                          "configuration, all trained together.", element=float)
+  mask_general_weight: float = setting(1.0, "learned_mask: weight of the general tasks' lost probability in the "
+                                       "loss.", lower=0.0)
+  mask_learning_rate: float = setting(1.0, "learned_mask: Adam's initial learning rate on the gate logits "
+                                      "(cosine-decayed to 0).", lower=1e-9)
+  mask_batch_docs: int = setting(16, "learned_mask: documents per task in each training step.", lower=1)
   num_samples: int = setting(100, "Task documents used for identification (seeded subset).", lower=1)
   metric: str = setting(None, "Task metric to localize (default: the task's default metric).", type=str)
   lasso_alpha: str = setting("cv", "Lasso alpha: a number, or 'cv' for K-fold cross-validation.")

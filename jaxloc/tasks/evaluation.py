@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import time
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -168,6 +169,7 @@ class Evaluator:
   task: Task
   docs: list[Doc]
   head_fill: np.ndarray | None = None
+  _unablated: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
 
   @classmethod
   def build(cls, engine, name: str, task: Task, docs: Sequence[Doc], ablation: str = "zero") -> "Evaluator":
@@ -181,20 +183,61 @@ class Evaluator:
   def batches(self, keep, *, per_doc: bool = False) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
     return run_batches(self.engine, self.task, self.docs, keep, head_fill=self.head_fill, per_doc=per_doc)
 
-  def first_order_change(self) -> np.ndarray:
-    """[N] first-order score change of ablating each head: -d(log-probability)/d(keep mask) at the
-    unablated model, one backward pass. For multiple choice, the gold choice's log-likelihood (the
+  def scored_requests(self, docs: Sequence[int] | None = None) -> list[ScoringRequest]:
+    """One request per document (all, or those indexed by `docs`) whose log-probability is the task's
+    differentiable score: the target of a prompt/target task, the gold choice of a multiple-choice task (the
     choices compete; their sum does not)."""
     if self.task.output_type != "loglikelihood":
-      raise UserError(f"the mask gradient needs a scored (loglikelihood) task; {self.name} is a generation "
+      raise UserError(f"a differentiable score needs a scored (loglikelihood) task; {self.name} is a generation "
                       "task: use cs_stratified, two_stage or one_shot_greedy")
     from jaxloc.tasks.loglikelihood import MultipleChoiceTask, choice_layout
 
-    requests = _requests(self.engine, self.task, self.docs, None)
-    weights = None
+    chosen = self.docs if docs is None else [self.docs[int(i)] for i in docs]
+    requests = _requests(self.engine, self.task, chosen, None)
     if isinstance(self.task, MultipleChoiceTask):
-      request_index, _, gold = choice_layout(self.docs)
-      weights = np.zeros(len(requests))
-      weights[request_index[np.arange(len(gold)), gold]] = 1.0 / len(gold)
-    grad = self.engine.mask_gradient(requests, weights, head_fill=self.head_fill)
-    return -np.asarray(grad, np.float64).reshape(-1)
+      request_index, _, gold = choice_layout(chosen)
+      requests = [requests[i] for i in request_index[np.arange(len(gold)), gold]]
+    return requests
+
+  def first_order_change(self) -> np.ndarray:
+    """[N] first-order score change of ablating each head: -d(mean log-probability of the scored requests)/
+    d(keep mask) at the unablated model, one backward pass."""
+    c = self.engine.config
+    _, grad = self.engine.mask_objective(self.scored_requests(), np.ones((1, c.num_layers, c.num_heads)),
+                                         head_fill=self.head_fill)
+    return -grad[0].reshape(-1)
+
+  def unablated_logprob(self) -> np.ndarray:
+    """float [docs]: each scored request's log-probability under the unablated model (computed once)."""
+    if self._unablated is None:
+      c = self.engine.config
+      out = self.engine.score(self.scored_requests(), np.ones((1, c.num_layers, c.num_heads)), self.head_fill)
+      self._unablated = np.asarray(out.logprob[0], np.float64)
+    return self._unablated
+
+  def retained_probability(self, keep, docs: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over `docs` (indices) of the probability each scored request keeps under each soft keep-mask,
+    relative to the unablated model and capped at 1 (exp(min(logprob - unablated, 0))), float [masks], and its
+    gradient in the mask [masks, layers, heads]: the bounded, differentiable score a learned mask trains on."""
+    docs = np.asarray(docs, np.int64)
+    return self.engine.mask_objective(self.scored_requests(docs), keep, np.full(len(docs), 1.0 / len(docs)),
+                                      self.unablated_logprob()[docs], retained=True, head_fill=self.head_fill)
+
+
+@dataclasses.dataclass
+class RetainedProbability:
+  """Several evaluators' `retained_probability` as one relaxed objective (`localize.methods.RelaxedObjective`:
+  the target first, then the general tasks), timing itself."""
+
+  evaluators: list[Evaluator]
+  seconds: float = 0.0
+
+  @property
+  def num_docs(self) -> list[int]:
+    return [len(e.docs) for e in self.evaluators]
+
+  def __call__(self, keep, docs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    start = time.perf_counter()
+    out = [e.retained_probability(keep, d) for e, d in zip(self.evaluators, docs)]
+    self.seconds += time.perf_counter() - start
+    return np.stack([v for v, _ in out]), np.stack([g for _, g in out])

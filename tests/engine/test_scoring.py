@@ -125,16 +125,47 @@ def test_bad_mask_shape_is_a_clear_error(tiny_model):
 def test_mask_gradient_matches_finite_differences(tiny_model):
   requests = few_shot_requests(5, seed=4)
   engine = Engine(tiny_model)
-  gradient = engine.mask_gradient(requests)
   config = tiny_model.config
-  base = engine.score(requests, np.ones((1, config.num_layers, config.num_heads))).logprob.mean()
+  ones = np.ones((1, config.num_layers, config.num_heads), np.float32)
+  value, gradient = engine.mask_objective(requests, ones)
+  gradient = gradient[0]
+  base = engine.score(requests, ones).logprob.mean()
+  assert abs(value[0] - base) < 1e-4
   eps = 1e-3
   for layer, head in [(0, 1), (1, 4), (2, 5)]:
-    mask = np.ones((1, config.num_layers, config.num_heads), np.float32)
+    mask = ones.copy()
     mask[0, layer, head] = 1 - eps
     finite_difference = (base - engine.score(requests, mask).logprob.mean()) / eps
     assert abs(gradient[layer, head] - finite_difference) < 0.02 * max(1.0, abs(finite_difference))
   assert np.abs(gradient).max() > 1e-3
+
+
+def test_retained_probability_of_soft_masks_and_its_gradient(tiny_model):
+  """Several soft masks at once: each value is the mean over requests of exp(min(logprob - offset, 0)), each
+  gradient that mask's own (checked by finite differences)."""
+  requests = few_shot_requests(6, seed=8)
+  engine = Engine(tiny_model)
+  config = tiny_model.config
+  rng = np.random.default_rng(0)
+  soft = rng.uniform(0.2, 1.0, (3, config.num_layers, config.num_heads)).astype(np.float32)
+  # Offsets above some requests' scores and below others': both sides of the cap at 1.
+  offsets = engine.score(requests, soft[:1]).logprob[0] + np.tile([0.5, -0.5], len(requests) // 2)
+  weights = np.full(len(requests), 1 / len(requests))
+  values, grads = engine.mask_objective(requests, soft, weights, offsets, retained=True)
+  logprob = engine.score(requests, soft).logprob.astype(np.float64)
+  expected = np.exp(np.minimum(logprob - offsets[None], 0)).mean(axis=1)
+  np.testing.assert_allclose(values, expected, atol=1e-5)
+  assert 0.5 < expected.min() and expected.max() < 1.0
+  eps = 1e-2
+  for m, layer, head in [(0, 0, 1), (2, 2, 3)]:
+    up, down = soft.copy(), soft.copy()
+    up[m, layer, head] += eps
+    down[m, layer, head] -= eps
+    after, _ = engine.mask_objective(requests, up, weights, offsets, retained=True)
+    before, _ = engine.mask_objective(requests, down, weights, offsets, retained=True)
+    finite_difference = (after[m] - before[m]) / (2 * eps)  # central: the second-order term cancels
+    assert abs(grads[m, layer, head] - finite_difference) < 0.05 * max(0.02, abs(finite_difference))
+    assert np.allclose(np.delete(after, m), np.delete(values, m))  # the other masks did not move
 
 
 def test_request_chunks_are_balanced(tiny_model):

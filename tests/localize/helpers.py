@@ -13,11 +13,36 @@ def settings(method: str, **overrides) -> LocalizeSettings:
   return LocalizeSettings(**{"task": "synthetic", "output_dir": "unused", "method": method, **overrides})
 
 
-def context(num_layers, num_heads, excluded=(), gradient=None, directory=None) -> Context:
+def context(num_layers, num_heads, excluded=(), gradient=None, directory=None, objective=None) -> Context:
   mask = np.zeros(num_layers * num_heads, bool)
   mask[list(excluded)] = True
   return Context(num_layers, num_heads, mask, (lambda: np.asarray(gradient)) if gradient is not None else None,
-                 directory)
+                 objective, directory)
+
+
+@dataclasses.dataclass
+class PlantedObjective:
+  """A relaxed objective with a known answer: task t loses effects[t, n] nats of log-probability per unit of
+  head n's ablation, so its retained probability is exp(-sum_n effects[t, n] (1 - keep_n)) (the same on every
+  document). Counts its calls; `fail_at` raises on that call (a run killed mid-training)."""
+
+  effects: np.ndarray  # float [T, N], ≥ 0
+  calls: int = 0
+  fail_at: int | None = None
+
+  @property
+  def num_docs(self) -> list[int]:
+    return [4] * len(self.effects)
+
+  def __call__(self, keep, docs):
+    self.calls += 1
+    if self.fail_at is not None and self.calls == self.fail_at:
+      raise KeyboardInterrupt("killed")
+    assert len(docs) == len(self.effects)
+    flat = np.asarray(keep, np.float64).reshape(len(keep), -1)
+    retained = np.exp(-(1.0 - flat) @ self.effects.T).T  # [T, C]
+    grads = retained[:, :, None] * self.effects[:, None, :]
+    return retained, grads.reshape((len(self.effects),) + np.shape(keep))
 
 
 def measure(masks: np.ndarray, metric_fns: dict) -> dict[str, np.ndarray]:

@@ -27,7 +27,8 @@ def metrics():
 
 OPTIONS = {"cs_stratified": dict(num_masks=40, ablation_rate=0.25), "cs_bernoulli": dict(num_masks=40, ablation_rate=0.25),
            "one_shot_greedy": {}, "greedy": dict(top_k=2), "gradient_confirm": dict(num_masks=5),
-           "two_stage": dict(num_masks=30, ablation_rate=0.25)}
+           "two_stage": dict(num_masks=30, ablation_rate=0.25),
+           "learned_mask": dict(num_masks=5, mask_steps=40)}
 
 
 def test_every_registered_method_is_covered_here():
@@ -41,7 +42,8 @@ def test_each_method_measures_resumes_and_ranks_through_the_protocol(name):
   settings.check()
   assert isinstance(method.measurement_settings(settings), dict)
   gradient = -EFFECTS + 0.001 * np.arange(N)  # -d score / d keep: a first-order view of the planted effects
-  ctx = helpers.context(L, H, excluded=[0], gradient=-gradient)
+  objective = helpers.PlantedObjective(-EFFECTS[None] * 10)  # the planted heads cost 4, 2.5, 1.5 nats
+  ctx = helpers.context(L, H, excluded=[0], gradient=-gradient, objective=objective)
   plan = method.plan(settings, ctx)
   full = helpers.drive(plan, metrics(), L, H)
   assert len(full) == plan.expected_total() and not full.masks[:, 0, 0].any()  # excluded head never ablated
@@ -49,7 +51,7 @@ def test_each_method_measures_resumes_and_ranks_through_the_protocol(name):
   assert sorted(ranking.order.tolist()) == list(range(N)) and ranking.values.shape == (N,)
   assert ranking.order[0] == 9  # the strongest planted head first
   # A new plan over part of the measurements asks for exactly the rest, and ranks the same in the end.
-  resumed_plan = method.plan(settings, helpers.context(L, H, excluded=[0], gradient=-gradient))
+  resumed_plan = method.plan(settings, helpers.context(L, H, excluded=[0], gradient=-gradient, objective=objective))
   part = helpers.drive(resumed_plan, metrics(), L, H, stop_after=len(full) // 2)
   again = helpers.drive(resumed_plan, metrics(), L, H, measured=part)
   np.testing.assert_array_equal(again.masks, full.masks)
@@ -59,7 +61,8 @@ def test_each_method_measures_resumes_and_ranks_through_the_protocol(name):
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_saved_masks_from_other_settings_are_refused(name):
   settings = helpers.settings(name, **OPTIONS[name])
-  plan = methods.get(name).plan(settings, helpers.context(L, H, gradient=-EFFECTS))
+  plan = methods.get(name).plan(settings, helpers.context(L, H, gradient=-EFFECTS,
+                                                          objective=helpers.PlantedObjective(-EFFECTS[None])))
   first = plan.next_masks(helpers.drive(plan, metrics(), L, H, stop_after=0))
   wrong = helpers.drive(plan, metrics(), L, H, stop_after=0)
   wrong.masks = ~first[:1]

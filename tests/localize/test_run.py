@@ -39,6 +39,9 @@ def test_a_whole_run_compiles_a_bounded_number_of_shapes(smollm2, tmp_path):
     (dict(task="swearing"), "swearing has 20 documents; identification \\(100\\) and held-out validation \\(100\\)"),
     (dict(selection="best"), "--selection=best must be one of specific, raw"),
     (dict(method="two_stage", num_masks=2), "≥ 3"),
+    (dict(method="learned_mask", general_tasks=["swearing"], general_samples=10, validation_samples=10),
+     "general task swearing is a generation task"),
+    (dict(method="learned_mask", mask_l0=[]), "--mask_l0 must name"),
     (dict(ablation_rate=1.5), "ablation_rate"),
     (dict(lasso_alpha="x"), "lasso_alpha"),
 ])
@@ -83,3 +86,23 @@ def test_selection_universal_heads_and_confidence_follow_their_stated_rules(smol
     drops = [g["relative_drop"][k] for g in curve["general"].values() if g["relative_drop"][k] is not None]
     drops = [d for d in drops if d == d]  # a task the tiny model cannot do has no relative drop (NaN)
     assert curve["max_general_relative_drop"][k] == (max(drops) if drops else None)
+
+
+def test_a_learned_mask_run_trains_confirms_validates_and_reports_its_cost(smollm2, tmp_path):
+  """learned_mask through the runner on a tiny random model: gates trained on the target and a general task,
+  candidates confirmed alone, the training time converted to mask evaluations; a re-run resumes without
+  training again."""
+  from jaxloc.engine.engine import Engine
+  from jaxloc.localize.methods import learned_mask
+  from tests.engine.tiny import make_tiny
+
+  engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
+  settings = LocalizeSettings(model="tiny", task="counting", output_dir=str(tmp_path), method="learned_mask",
+                              num_masks=4, mask_steps=3, mask_batch_docs=4, num_samples=8, validation_samples=6,
+                              metric="logprob", top_k=2, general_tasks=["plurals"], general_samples=6, bootstrap=10)
+  heads = localize(engine, settings, progress=False)
+  assert heads["num_evaluations"] == 4 and heads["solver"]["configurations"] == 4
+  assert heads["timing"]["training_seconds"] > 0 and heads["timing"]["training_mask_evaluations"] > 0
+  assert (tmp_path / "learned_log_alpha.npy").exists() and (tmp_path / learned_mask.STATE_FILE).exists()
+  again = localize(engine, settings, progress=False)
+  assert "training_seconds" not in again["timing"] and again["top_k"] == heads["top_k"]

@@ -10,6 +10,7 @@ from jaxloc.localize.methods.base import Context, Measured, Method, Plan, Rankin
 from jaxloc.localize.methods.compressed_sensing import CompressedSensing
 from jaxloc.localize.methods.gradient_confirm import GradientConfirm
 from jaxloc.localize.methods.greedy import IterativeGreedy, OneShotGreedy
+from jaxloc.localize.methods.learned_mask import LearnedMask
 from jaxloc.localize.methods.two_stage import TwoStage
 
 _REGISTRY: dict[str, Method] = {m.name: m for m in (
@@ -19,6 +20,7 @@ _REGISTRY: dict[str, Method] = {m.name: m for m in (
     IterativeGreedy(),
     GradientConfirm(),
     TwoStage(),
+    LearnedMask(),
 )}
 
 

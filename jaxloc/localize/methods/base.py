@@ -117,6 +117,7 @@ class Plan(Protocol):
 class Method(Protocol):
   name: str
   uses_gradient: bool  # pays one backward pass (the mask gradient) before measuring
+  uses_objective: bool  # trains on every task's relaxed objective (`Context.objective`) before measuring
 
   def check(self, settings) -> None:
     """UserError naming the flag if this method cannot run with `settings`."""
@@ -127,12 +128,25 @@ class Method(Protocol):
   def plan(self, settings, context: "Context") -> Plan: ...
 
 
+class RelaxedObjective(Protocol):
+  """Every task's differentiable score under soft keep-masks, the target first, then the general tasks."""
+
+  num_docs: list[int]  # documents per task
+
+  def __call__(self, keep: np.ndarray, docs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """keep: float [C, L, H] in [0, 1]; docs: one index array per task. Returns each task's retained probability
+    on those documents (mean of exp(min(logprob - unablated logprob, 0))), float [T, C], and its gradient in
+    the keep-mask, float [T, C, L, H]."""
+
+
 @dataclasses.dataclass
 class Context:
-  """What a plan may ask of the run: the head layout, the excluded heads, the mask gradient, and a place
-  to keep intermediate results (e.g. a screen's coefficients) so that a resumed run decides the same way.
+  """What a plan may ask of the run: the head layout, the excluded heads, the mask gradient, the relaxed
+  objective, and a place to keep intermediate results (e.g. a screen's coefficients) so that a resumed run
+  decides the same way.
 
   gradient: () -> float [N], the first-order score change of ablating each head (-d score / d keep).
+  objective: the tasks' relaxed objective (`RelaxedObjective`), for methods that train a mask.
   directory: where `remember` keeps arrays across runs (None: in memory, for benchmarks and tests).
   """
 
@@ -140,6 +154,7 @@ class Context:
   num_heads: int
   excluded: np.ndarray  # bool [N]
   gradient: Callable[[], np.ndarray] | None = None
+  objective: RelaxedObjective | None = None
   directory: str | None = None
   _memory: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 

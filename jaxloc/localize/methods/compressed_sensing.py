@@ -86,6 +86,7 @@ class CompressedSensing:
   name: str
   design: str  # designs.DESIGN_KINDS
   uses_gradient: bool = False
+  uses_objective: bool = False
 
   def check(self, settings) -> None:
     check_design_settings(settings, 2)

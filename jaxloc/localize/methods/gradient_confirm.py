@@ -14,6 +14,7 @@ from jaxloc.localize.methods.base import Context, FixedDesignPlan, rank_by, sing
 class GradientConfirm:
   name: str = "gradient_confirm"
   uses_gradient: bool = True
+  uses_objective: bool = False
 
   def check(self, settings) -> None:
     del settings  # any --num_masks ≥ 1 (heads confirmed) works; the task kind is checked when it is loaded

@@ -21,6 +21,7 @@ class OneShotGreedy:
 
   name: str = "one_shot_greedy"
   uses_gradient: bool = False
+  uses_objective: bool = False
 
   def check(self, settings) -> None:
     del settings  # any --num_masks ≥ 1 works
@@ -125,6 +126,7 @@ class IterativeGreedy:
 
   name: str = "greedy"
   uses_gradient: bool = False
+  uses_objective: bool = False
 
   def check(self, settings) -> None:
     if settings.top_k < 1:

@@ -78,6 +78,7 @@ class TwoStagePlan:
 class TwoStage:
   name: str = "two_stage"
   uses_gradient: bool = False
+  uses_objective: bool = False
 
   def check(self, settings) -> None:
     check_design_settings(settings, 3)  # a screen of ≥ 2 masks and ≥ 1 confirmation
