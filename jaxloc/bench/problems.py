@@ -19,7 +19,7 @@ import numpy as np
 from jaxloc.bench.mask_cache import MaskCache
 from jaxloc.errors import UserError
 from jaxloc.localize.synthetic import SyntheticResponse
-from jaxloc.tasks.evaluation import Evaluator
+from jaxloc.tasks.evaluation import Evaluator, RetainedProbability
 
 
 @dataclasses.dataclass
@@ -31,7 +31,13 @@ class Problem:
   metric_names:   every metric measure() reports; headline_metric first.
   gradient:       float [N] first-order score change of ablating each head (-d score / d keep), or None.
   gradient_cost:  the gradient pass in mask evaluations (measured), or None.
+  mask_seconds:   seconds per mask evaluation (measured with the gradient), which converts a method's training
+                  time to evaluations; None when not measured.
+  objective:      the task's relaxed objective (`RetainedProbability`, timing itself) for methods that train a
+                  mask, or None (generation tasks, simulation).
   evaluator:      the task on its documents (real problems; None in simulation).
+  memory:         what a method's plan remembers (`Context.remember`), per (variant, seed): a method that trains
+                  does so once per seed, whatever the budget.
   """
 
   name: str
@@ -42,7 +48,10 @@ class Problem:
   metric_names: list[str]
   gradient: np.ndarray | None = None
   gradient_cost: float | None = None
+  mask_seconds: float | None = None
+  objective: RetainedProbability | None = None
   evaluator: Evaluator | None = None
+  memory: dict = dataclasses.field(default_factory=dict)
 
   @property
   def num_total(self) -> int:
@@ -83,8 +92,9 @@ def real_problem(evaluator: Evaluator, model_name: str, *, output_dir: str, num_
                     c.num_layers, c.num_heads, task.default_metric)
   base = cache.measure(np.zeros((1, c.num_layers, c.num_heads), bool))
   metric_names = [headline_metric] + [m for m in task.metric_names if m != headline_metric]
+  objective = RetainedProbability([evaluator]) if task.output_type == "loglikelihood" else None
   problem = Problem(f"{task_name} ({part})", c.num_layers, c.num_heads, cache.measure,
-                    {m: float(v[0]) for m, v in base.items()}, metric_names, evaluator=evaluator)
+                    {m: float(v[0]) for m, v in base.items()}, metric_names, objective=objective, evaluator=evaluator)
   return problem, cache
 
 
@@ -113,6 +123,7 @@ def measure_gradient(problem: Problem, repeats: int = 2) -> dict[str, Any]:
   gradient_seconds, per_mask = float(np.median(seconds)), float(np.median(mask_seconds))
   problem.gradient = change
   problem.gradient_cost = gradient_seconds / per_mask
+  problem.mask_seconds = per_mask
   return {"available": True, "gradient_seconds": gradient_seconds, "mask_evaluation_seconds": per_mask,
           "masks_per_call": per_call, "forward_equivalents": problem.gradient_cost,
           "timing_evaluations": per_call * (repeats + 1)}

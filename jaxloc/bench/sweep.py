@@ -13,7 +13,8 @@ Variant names are tokens joined with '-' (`parse_variant`):
   r<rate>            --ablation_rate;   s<fraction>   --screen_fraction;
   upto<fraction>     the benchmark's own limit: the largest budget the variant runs at.
 At a budget of B evaluations a method gets --num_masks = B (less the gradient pass, in evaluations, for a
-method that uses the gradient); it runs only if its plan fits the budget.
+method that uses the gradient; less its training, in evaluations by measured time, for a method that trains a
+mask: it trains once per seed, the budget buys its confirmations); it runs only if its plan fits the budget.
 
 Ground truth: one-shot greedy over every head (the registered `one_shot_greedy`), for every metric the
 task reports. For each (variant, budget, seed): recall of the ground truth's top-k, for every metric, and
@@ -51,7 +52,7 @@ class Variant:
   name: str
   method: str
   overrides: tuple[tuple[str, Any], ...] = ()
-  max_budget: float = 1.0
+  max_budget: float = math.inf
 
   def settings(self, base: LocalizeSettings, num_masks: int, seed: int) -> LocalizeSettings:
     return dataclasses.replace(base, method=self.method, num_masks=num_masks, seed=seed, **dict(self.overrides))
@@ -63,7 +64,7 @@ def parse_variant(name: str) -> Variant:
   if method not in methods.names():
     raise UserError(f"unknown method {name!r}: it must start with one of {', '.join(methods.names())}")
   overrides: dict[str, Any] = {}
-  max_budget = 1.0
+  max_budget = math.inf
   for token in tokens:
     number = re.fullmatch(r"(r|s|upto)(\d*\.?\d+)", token)
     if token in METRIC_TOKENS:
@@ -95,12 +96,19 @@ class MethodRun:
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def drive(settings: LocalizeSettings, problem: Problem) -> tuple[Measured, Ranking]:
-  """Runs the registered method of `settings` on `problem`, as `localize.run.measure` does on a model."""
-  method = methods.get(settings.method)
+def context(problem: Problem, memory: dict | None = None) -> methods.Context:
+  """What a plan may ask of `problem` (its gradient, its objective); `memory` keeps what plans remember."""
   gradient = (lambda: problem.gradient) if problem.gradient is not None else None
-  context = methods.Context(problem.num_layers, problem.num_heads, np.zeros(problem.num_total, bool), gradient)
-  plan = method.plan(settings, context)
+  ctx = methods.Context(problem.num_layers, problem.num_heads, np.zeros(problem.num_total, bool), gradient,
+                        problem.objective)
+  if memory is not None:
+    ctx._memory = memory  # noqa: SLF001 - shared across budgets: a trained mask is trained once per seed
+  return ctx
+
+
+def drive(settings: LocalizeSettings, problem: Problem, memory: dict | None = None) -> tuple[Measured, Ranking]:
+  """Runs the registered method of `settings` on `problem`, as `localize.run.measure` does on a model."""
+  plan = methods.get(settings.method).plan(settings, context(problem, memory))
   metric = settings.metric or problem.headline_metric
   measured = Measured(np.zeros((0, problem.num_layers, problem.num_heads), bool),
                       {m: np.zeros((0,)) for m in problem.metric_names}, problem.baseline, metric)
@@ -121,13 +129,22 @@ def run_variant(variant: Variant, problem: Problem, base: LocalizeSettings, budg
     if problem.gradient is None:
       return None
     cost = float(problem.gradient_cost)
+  memory = problem.memory.setdefault((variant.name, seed), {})
+  if method.uses_objective:
+    if problem.objective is None or problem.mask_seconds is None:
+      return None
+    if "training_seconds" not in memory:  # train once per seed (the plan trains; its gates are remembered)
+      before = problem.objective.seconds
+      method.plan(variant.settings(base, 1, seed), context(problem, memory))
+      memory["training_seconds"] = problem.objective.seconds - before
+    cost = float(memory["training_seconds"]) / problem.mask_seconds
   settings = variant.settings(base, int(math.floor(budget - cost)), seed)
   try:
     settings.check()
   except UserError:
     return None
   try:
-    measured, ranking = drive(settings, problem)
+    measured, ranking = drive(settings, problem, memory)
   except UserError as e:  # e.g. every mask of a small design at the accuracy floor: nothing to rank
     log.warning("%s at %d evaluations, seed %d: %s", variant.name, budget, seed, e)
     return None
@@ -175,10 +192,19 @@ def names(problem: Problem, heads: Sequence[int]) -> list[str]:
   return [head_name(*divmod(int(h), problem.num_heads)) for h in heads]
 
 
+def relative_drop(problem: Problem, values: np.ndarray) -> np.ndarray:
+  """(baseline - values) / |baseline| of the problem's headline metric (0 when the baseline is 0)."""
+  baseline = problem.baseline[problem.headline_metric]
+  return (baseline - np.asarray(values, np.float64)) / abs(baseline) if baseline else np.zeros(np.shape(values))
+
+
 def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings, budgets: Sequence[float],
           seeds: Sequence[int], k: int, truth: GroundTruth, planted: np.ndarray | None = None,
-          progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-  """One record per (variant, budget, seed) with recall and the top-k ablation change."""
+          progress: Callable[[str], None] | None = None, held_out: Problem | None = None,
+          general: Sequence[tuple[str, Problem]] = ()) -> list[dict[str, Any]]:
+  """One record per (variant, budget, seed) with recall and the top-k ablation change; with `held_out` (the task
+  on documents no method saw) and `general` ((task name, problem on its held-out documents) pairs), also the
+  relative drop each method's top-k cause there, in each problem's headline metric."""
   runs = []
   for variant in variants:
     # Largest budget first: the nested designs of smaller budgets are then served from the cache.
@@ -192,7 +218,10 @@ def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings,
     if progress:
       progress(variant.name)
   # Every top-k set in one measure call: full engine batches, and coinciding sets cost one evaluation.
-  drops = problem.measure(np.concatenate([problem.joint_mask(r[4].ranking[:k]) for r in runs])) if runs else {}
+  joint = np.concatenate([problem.joint_mask(r[4].ranking[:k]) for r in runs]) if runs else None
+  drops = problem.measure(joint) if runs else {}
+  held = relative_drop(held_out, held_out.measure(joint)[held_out.headline_metric]) if runs and held_out else None
+  others = {name: relative_drop(p, p.measure(joint)[p.headline_metric]) for name, p in general} if runs else {}
   records = []
   for i, (variant, fraction, num_masks, seed, result, seconds) in enumerate(runs):
     record = {
@@ -204,6 +233,11 @@ def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings,
     }
     if planted is not None:
       record["recall_planted"] = recall(result.ranking, planted, k)
+    if held is not None:
+      record["held_out_relative_drop"] = float(held[i])
+    if others:
+      record["general_relative_drop"] = {name: float(d[i]) for name, d in others.items()}
+      record["max_general_relative_drop"] = max(record["general_relative_drop"].values())
     records.append(record)
   return records
 
@@ -227,6 +261,9 @@ def summarize(records: Sequence[dict[str, Any]], metric: str, k: int) -> list[di
       row[f"recall_mean_{m}"] = float(np.mean([r["recall"][m] for r in group]))
     if "recall_planted" in group[0]:
       row["recall_planted_mean"] = float(np.mean([r["recall_planted"] for r in group]))
+    for key in ("held_out_relative_drop", "max_general_relative_drop"):
+      if key in group[0]:
+        row[f"{key}_mean"] = float(np.mean([r[key] for r in group]))
     rows.append(row)
   return sorted(rows, key=lambda r: r["budget_fraction"])
 
@@ -243,14 +280,24 @@ class EfficiencyConfig:
   sample_seed: int = setting(0, "Seed of the document subset.")
   methods: list = setting([], "Methods: registered method names with setting tokens (see jaxloc/bench/sweep.py); "
                           "empty = the default set.")
-  budgets: list = setting([0.1, 0.25, 0.5, 1.0], "Budgets as fractions of N evaluations.", element=float)
+  budgets: list = setting([0.1, 0.25, 0.5, 1.0], "Budgets as fractions of N evaluations (1 = one-shot greedy over "
+                          "every head; above 1 for a method that costs more, e.g. learned_mask's training).",
+                          element=float)
   seeds: list = setting([0, 1, 2, 3, 4], "Design seeds.", element=int)
   top_k: int = setting(5, "Heads compared with greedy's top-k.", lower=1)
   headline_metric: str = setting("accuracy", "Metric of the ground truth that the recall figures use.")
   iterative_greedy: bool = setting(False, "Also run iterative greedy's top-k (about k·N evaluations).")
   noise_floor: bool = setting(True, "Greedy on two disjoint halves of the docs (about N more half-size "
                               "evaluations), design saturation and additivity of the top heads.")
-  gradient: bool = setting(True, "Time the mask gradient and run the methods that use it.")
+  gradient: bool = setting(True, "Time the mask gradient and run the methods that use it (and learned_mask, "
+                           "whose training is converted to evaluations with the mask time measured there).")
+  validation_samples: int = setting(100, "Held-out documents of each task (disjoint from the identification "
+                                    "documents) on which every method's top-k is ablated too. 0: none.", lower=0)
+  general_tasks: list = setting(["counting", "plurals", "induction", "arithmetic_1d_4shot"],
+                                "Tasks (the benchmarked one left out) on whose held-out documents every method's "
+                                "top-k is ablated: the largest relative drop is its cost in specificity. "
+                                "learned_mask also trains on their identification documents. Needs "
+                                "--validation_samples.")
   synthetic_sizes: list = setting([(16, 32), (32, 32)], "Synthetic mode: (layers, heads) of each problem.")
   synthetic_planted: int = setting(10, "Synthetic mode: heads with a large effect.", lower=1)
   synthetic_interaction_scale: float = setting(0.5, "Synthetic mode: sd of pairwise interactions (logits).",
@@ -259,8 +306,8 @@ class EfficiencyConfig:
   def check(self) -> list[Variant]:
     if self.top_k < 1:
       raise UserError(f"--top_k={self.top_k} must be ≥ 1")
-    if not self.budgets or any(not 0 < b <= 1 for b in self.budgets):
-      raise UserError(f"--budgets={list(self.budgets)} must be fractions in (0, 1]")
+    if not self.budgets or any(not b > 0 for b in self.budgets):
+      raise UserError(f"--budgets={list(self.budgets)} must be positive fractions of N")
     if not self.seeds:
       raise UserError("--seeds must name at least one seed")
     variants = [parse_variant(m) for m in self.methods]
@@ -277,7 +324,9 @@ class EfficiencyConfig:
 def default_variants(synthetic: bool = False) -> list[str]:
   """The paper's two designs, the beyond-paper settings and methods, and the baseline. On a model the lower
   ablation rate and the Bernoulli design stop at 25% of N (each costs 5 seeds x its masks in model
-  evaluations; the targets are at 10% and 25%); gradient_confirm needs a model."""
+  evaluations; the targets are at 10% and 25%); gradient_confirm needs a model. learned_mask is not in the
+  set: its training alone costs more than N evaluations on SmolLM2 (README), so it runs only when named, with a
+  budget above 1."""
   limit = "0.5" if synthetic else "0.25"
   names_ = ["one_shot_greedy", "cs_stratified", f"cs_bernoulli-upto{limit}", "cs_stratified-logprob",
             "cs_stratified-nonpositive", f"cs_stratified-r0.03-upto{limit}", f"cs_stratified-logprob-r0.03-upto{limit}",
@@ -307,14 +356,28 @@ def ground_truth_report(problem: Problem, truth: GroundTruth, k: int) -> dict[st
 
 def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_name: str) -> dict[str, Any]:
   """The whole benchmark for one task of a real model."""
-  from jaxloc.tasks.evaluation import Evaluator, load_task
+  from jaxloc.tasks.evaluation import Evaluator, RetainedProbability, load_task_split
 
   start = time.perf_counter()
-  task, docs = load_task(task_name, num_samples=cfg.num_samples, seed=cfg.sample_seed, data_dir=None)
+  split = dict(num_samples=cfg.num_samples, validation_samples=cfg.validation_samples, seed=cfg.sample_seed,
+               data_dir=None)
+  task, docs, held_docs = load_task_split(task_name, **split)
   evaluator = Evaluator(engine, task_name, task, docs)
-  common = dict(output_dir=cfg.output_dir, num_samples=cfg.num_samples, sample_seed=cfg.sample_seed,
-                headline_metric=cfg.headline_metric)
-  problem, cache = real_problem(evaluator, cfg.model, part="all", **common)
+  common = dict(output_dir=cfg.output_dir, num_samples=cfg.num_samples, sample_seed=cfg.sample_seed)
+  problem, cache = real_problem(evaluator, cfg.model, part="all", headline_metric=cfg.headline_metric, **common)
+  held_out, general, trained_on = None, [], [evaluator]
+  if cfg.validation_samples:
+    held_out, _ = real_problem(Evaluator(engine, task_name, task, held_docs), cfg.model, part="held_out",
+                               headline_metric=cfg.headline_metric, **common)
+    for name in dict.fromkeys(g for g in cfg.general_tasks if g != task_name):
+      g_task, g_docs, g_held = load_task_split(name, **split)
+      g_problem, _ = real_problem(Evaluator(engine, name, g_task, g_held), cfg.model, part="held_out",
+                                  headline_metric=g_task.default_metric, **common)
+      general.append((name, g_problem))
+      if g_task.output_type == "loglikelihood":
+        trained_on.append(Evaluator(engine, name, g_task, g_docs))
+  if problem.objective is not None:
+    problem.objective = RetainedProbability(trained_on)
   base = cfg.base_settings(task_name)
   k = cfg.top_k
   log.info("%s: baseline %s; ground truth (one-shot greedy, %d masks)", task_name, problem.baseline,
@@ -338,13 +401,26 @@ def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_na
     iterative["names"] = names(problem, iterative["top_k"])
     iterative["recall_of_one_shot"] = recall(truth.top_k(cfg.headline_metric, k), iterative["top_k"], k)
   records = sweep(problem, variants, base, cfg.budgets, cfg.seeds, k, truth,
-                  progress=lambda name: log.info("%s: %s done (%s)", task_name, name, cache.counts()))
+                  progress=lambda name: log.info("%s: %s done (%s)", task_name, name, cache.counts()),
+                  held_out=held_out, general=general)
+  if held_out is not None:
+    report["held_out"] = {"num_docs": len(held_docs), "baseline": held_out.baseline,
+                          "general": {name: {"metric": p.headline_metric, "baseline": p.baseline[p.headline_metric],
+                                             "num_docs": len(p.evaluator.docs)} for name, p in general}}
   report["records"] = records
   report["summary"] = summarize(records, cfg.headline_metric, k)
+  trained = {key: m for key, m in problem.memory.items() if "training_seconds" in m}
+  if trained:  # what each trained mask cost, once per seed, in seconds and evaluations (timed in this run)
+    report["training"] = {}
+    for (name, seed), memory in trained.items():
+      seconds = float(memory["training_seconds"])
+      report["training"].setdefault(name, {})[str(seed)] = {"seconds": seconds,
+                                                             "evaluations": seconds / problem.mask_seconds}
   if cfg.noise_floor:
     halves = []
     for part, subset in (("half0", docs[:len(docs) // 2]), ("half1", docs[len(docs) // 2:2 * (len(docs) // 2)])):
-      half, _ = real_problem(Evaluator(engine, task_name, task, subset), cfg.model, part=part, **common)
+      half, _ = real_problem(Evaluator(engine, task_name, task, subset), cfg.model, part=part,
+                             headline_metric=cfg.headline_metric, **common)
       halves.append(one_shot_ground_truth(half, base))
     report["noise_floor"] = diagnostics.noise_floor(problem, truth, halves, variants, base, cfg, drive)
   report["cache"] = cache.counts()
@@ -352,10 +428,15 @@ def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_na
   return report
 
 
+def _needs_model(variant: Variant) -> bool:
+  method = methods.get(variant.method)
+  return method.uses_gradient or method.uses_objective
+
+
 def run_synthetic(cfg: EfficiencyConfig, variants: Sequence[Variant]) -> list[dict[str, Any]]:
   """The sweep on synthetic responses at each size; one simulated task per seed (design seed = seed)."""
   reports = []
-  usable = [v for v in variants if not methods.get(v.method).uses_gradient]
+  usable = [v for v in variants if not _needs_model(v)]
   for num_layers, num_heads in cfg.synthetic_sizes:
     start = time.perf_counter()
     n = num_layers * num_heads
@@ -390,9 +471,9 @@ def run(cfg: EfficiencyConfig, *, synthetic: bool, engine_factory: Callable[[], 
   variants = cfg.check()
   start = time.perf_counter()
   if synthetic:
-    skipped = [v.name for v in variants if methods.get(v.method).uses_gradient]
+    skipped = [v.name for v in variants if _needs_model(v)]
     if skipped:
-      log.info("synthetic mode has no model gradient: skipping %s", ", ".join(skipped))
+      log.info("synthetic mode has no model to differentiate: skipping %s", ", ".join(skipped))
     tasks = run_synthetic(cfg, variants)
   else:
     if not cfg.tasks:

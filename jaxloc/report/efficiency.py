@@ -45,6 +45,9 @@ def format_tables(report: dict[str, Any], k: int) -> str:
       facts.append(f"mask gradient: {g['gradient_seconds']:.2f} s vs {g['mask_evaluation_seconds']:.3f} s per mask "
                    f"evaluation = {g['forward_equivalents']:.1f} evaluations; the gradient's own top-{k} "
                    f"({', '.join(g.get('top_k', []))}) recalls {g.get('recall', float('nan')):.1f} of greedy's")
+    for name, per_seed in t.get("training", {}).items():
+      facts.append(f"{name} training: " + ", ".join(f"seed {seed} {v['seconds']:.0f} s = {v['evaluations']:.1f} "
+                                                     "evaluations" for seed, v in per_seed.items()))
     nf = t.get("noise_floor")
     if nf:
       facts.append(f"greedy top-{k} overlap between two disjoint halves of the docs: "
@@ -92,6 +95,15 @@ def format_tables(report: dict[str, Any], k: int) -> str:
             lambda r, b: f"{r['recall_planted_mean']:.2f}")
     table(f"Change of {metric} when the method's top-{k} are ablated together (mean ± sd):",
           lambda r, b: f"{r['change_mean']:+.3f} ± {r['change_std']:.3f}")
+    held = t.get("held_out")
+    if held and any("held_out_relative_drop_mean" in r for r in summary):
+      general = ", ".join(f"{g} ({v['metric']}, baseline {v['baseline']:.3f})" for g, v in held["general"].items())
+      table(f"Held out: relative drop of {t['task']} ({metric}, {held['num_docs']} documents no method saw) when the "
+            f"method's top-{k} are ablated together | the largest relative drop among the general tasks "
+            f"({general or 'none'}), mean over seeds:",
+            lambda r, b: f"{100 * r['held_out_relative_drop_mean']:.0f}% | "
+                         + (f"{100 * r['max_general_relative_drop_mean']:.0f}%"
+                            if "max_general_relative_drop_mean" in r else "–"))
   return "\n".join(lines)
 
 

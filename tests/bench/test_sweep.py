@@ -259,6 +259,31 @@ def test_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
   assert diagnostics.spearman(problem.gradient, truth.change["logprob"]) > 0.3
 
 
+def test_learned_mask_trains_once_per_seed_and_pays_its_training_in_evaluations(smollm2, tmp_path):
+  from jaxloc.engine.engine import Engine
+  from jaxloc.tasks.evaluation import Evaluator, load_task
+  from tests.engine.tiny import make_tiny
+
+  engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
+  task, docs = load_task("counting", num_samples=6, seed=0, data_dir=None)
+  problem, _ = problems.real_problem(Evaluator(engine, "counting", task, docs), "tiny", output_dir=str(tmp_path),
+                                     num_samples=6, sample_seed=0, part="all", headline_metric="logprob")
+  variant = sweep.parse_variant("learned_mask")
+  base = dataclasses.replace(sweep.EfficiencyConfig(output_dir=str(tmp_path), headline_metric="logprob")
+                             .base_settings("counting"), mask_steps=3, mask_batch_docs=3)
+  assert sweep.run_variant(variant, problem, base, 10**6, seed=0) is None  # no measured mask time: cannot cost it
+  problems.measure_gradient(problem, repeats=1)
+  large = sweep.run_variant(variant, problem, base, 10**6, seed=0)
+  trained = problem.objective.seconds
+  # Wall time, compilation included (on a tiny model that is most of it).
+  training = float(problem.memory[("learned_mask", 0)]["training_seconds"]) / problem.mask_seconds
+  assert training > 0 and large.evaluations == pytest.approx(training + 18) and large.info["measured_heads"] == 18
+  small = sweep.run_variant(variant, problem, base, int(np.ceil(training)) + 2, seed=0)
+  assert problem.objective.seconds == trained  # the second budget reused the trained gates
+  assert small.info["measured_heads"] in (1, 2)
+  assert sweep.run_variant(variant, problem, base, int(np.floor(training)), seed=0) is None  # training alone
+
+
 @pytest.mark.parametrize("method,options", [("cs_stratified", dict(num_masks=12, ablation_rate=0.2)),
                                             ("two_stage", dict(num_masks=12, ablation_rate=0.2))])
 def test_benchmark_and_localize_give_the_same_ranking(smollm2, tmp_path, method, options):
@@ -282,3 +307,37 @@ def test_benchmark_and_localize_give_the_same_ranking(smollm2, tmp_path, method,
   heads = localize(engine, settings, progress=False)
   names = [h["name"] for h in heads["heads"]]
   assert names == sweep.names(problem, result.ranking)
+
+
+def test_every_method_is_also_judged_on_held_out_documents_and_general_tasks(smollm2, tmp_path):
+  """run_task ablates each method's top-k on the task's held-out documents and on the general tasks' held-out
+  documents (figures equal to evaluating those heads directly); learned_mask trains on the general tasks too."""
+  from jaxloc.engine.engine import Engine
+  from jaxloc.heads import parse_heads
+  from jaxloc.report.efficiency import format_tables
+  from jaxloc.tasks.evaluation import Evaluator, load_task_split
+  from tests.engine.tiny import make_tiny
+
+  engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
+  cfg = sweep.EfficiencyConfig(output_dir=str(tmp_path), tasks=["counting"], num_samples=6, validation_samples=4,
+                               general_tasks=["plurals", "counting"], methods=["one_shot_greedy", "learned_mask"],
+                               budgets=[1.0], seeds=[0], top_k=2, headline_metric="logprob", noise_floor=False)
+  report = sweep.run_task(engine, cfg, cfg.check(), "counting")
+  assert report["held_out"]["general"].keys() == {"plurals"}  # the target is left out of its own general tasks
+  assert report["held_out"]["general"]["plurals"]["num_docs"] == 4 and report["held_out"]["num_docs"] == 4
+  records = {r["method"]: r for r in report["records"]}
+  assert report["training"]["learned_mask"]["0"]["evaluations"] > 0
+  greedy = records["one_shot_greedy"]
+  keep = np.ones((1, 3, 6), np.float32)
+  for layer, head in parse_heads(greedy["top_k"], 3, 6):
+    keep[0, layer, head] = 0
+  for name, key, metric in [("counting", None, "logprob"), ("plurals", "plurals", "accuracy")]:
+    task, _, held = load_task_split(name, num_samples=6, validation_samples=4, seed=0, data_dir=None)
+    evaluator = Evaluator(engine, name, task, held)
+    base = evaluator.run(np.ones_like(keep))[metric][0]
+    expected = (base - evaluator.run(keep)[metric][0]) / abs(base) if base else 0.0  # a random model: accuracy 0
+    got = greedy["held_out_relative_drop"] if key is None else greedy["general_relative_drop"][key]
+    assert got == pytest.approx(expected, abs=1e-6)
+  assert greedy["max_general_relative_drop"] == greedy["general_relative_drop"]["plurals"]
+  markdown = format_tables({"tasks": [report]}, 2)
+  assert "Held out: relative drop of counting" in markdown and "learned_mask training: seed 0" in markdown

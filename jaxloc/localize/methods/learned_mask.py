@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from jaxloc import files
 from jaxloc.errors import UserError
+from jaxloc.heads import head_name
 from jaxloc.localize.methods.base import Context, FixedDesignPlan, rank_by, single_head_masks, single_head_ranking
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def deterministic_ablation(log_alpha):
 
 
 def configurations(settings) -> tuple[np.ndarray, np.ndarray]:
-  """(restart index, L0 strength) of every configuration, float [C] each."""
+  """(restart index int [C], L0 strength float [C]) of every configuration."""
   restarts = np.repeat(np.arange(settings.mask_restarts), len(settings.mask_l0))
   return restarts, np.tile(np.asarray(settings.mask_l0, np.float64), settings.mask_restarts)
 
@@ -212,7 +213,9 @@ class LearnedMask:
     facts = {"screen": "hard-concrete gates trained on the target's and general tasks' retained probability",
              "configurations": int(len(log_alpha)), "steps": settings.mask_steps,
              "hard_gate_fraction": float(np.mean((ablation == 0) | (ablation == 1))),
-             "heads_ablated_per_configuration": [int(v) for v in (ablation > 0.5).sum(axis=1)]}
+             "learned_sets": {f"restart {r} l0 {v:g}": [head_name(*divmod(int(h), context.num_heads))
+                                                           for h in np.flatnonzero(row > 0.5)]
+                              for r, v, row in zip(*configurations(settings), ablation)}}
     if trained:
       facts.update(training_seconds=float(trained["seconds"]),
                    final_loss_per_configuration=[float(v) for v in trained["losses"][-1]])
