@@ -11,6 +11,7 @@ Variant names are tokens joined with '-' (`parse_variant`):
   <method>           a registered method name (cs_stratified, two_stage, gradient_confirm, ...);
   accuracy|logprob|acc|acc_norm|exact_match   --metric;   nonpositive   --nonpositive;
   r<rate>            --ablation_rate;   s<fraction>   --screen_fraction;
+  n<count>           --num_masks fixed at count (the budget only decides whether the variant fits);
   upto<fraction>     the benchmark's own limit: the largest budget the variant runs at.
 At a budget of B evaluations a method gets --num_masks = B (less the gradient pass, in evaluations, for a
 method that uses the gradient; less its training, in evaluations by measured time, for a method that trains a
@@ -55,7 +56,7 @@ class Variant:
   max_budget: float = math.inf
 
   def settings(self, base: LocalizeSettings, num_masks: int, seed: int) -> LocalizeSettings:
-    return dataclasses.replace(base, method=self.method, num_masks=num_masks, seed=seed, **dict(self.overrides))
+    return dataclasses.replace(base, method=self.method, seed=seed, **{"num_masks": num_masks, **dict(self.overrides)})
 
 
 def parse_variant(name: str) -> Variant:
@@ -67,10 +68,13 @@ def parse_variant(name: str) -> Variant:
   max_budget = math.inf
   for token in tokens:
     number = re.fullmatch(r"(r|s|upto)(\d*\.?\d+)", token)
+    count = re.fullmatch(r"n(\d+)", token)
     if token in METRIC_TOKENS:
       overrides["metric"] = token
     elif token == "nonpositive":
       overrides["nonpositive"] = True
+    elif count and int(count.group(1)) >= 1:
+      overrides["num_masks"] = int(count.group(1))
     elif number:
       value = float(number.group(2))
       if not 0 < value <= 1 or (number.group(1) != "upto" and value >= 1):
@@ -81,7 +85,7 @@ def parse_variant(name: str) -> Variant:
         overrides[{"r": "ablation_rate", "s": "screen_fraction"}[number.group(1)]] = value
     else:
       raise UserError(f"method {name!r}: unknown token {token!r}; tokens are {', '.join(METRIC_TOKENS)}, "
-                      "nonpositive, r<ablation rate>, s<screen fraction>, upto<largest budget fraction>")
+                      "nonpositive, r<ablation rate>, s<screen fraction>, n<fixed --num_masks>, upto<largest budget fraction>")
   return Variant(name.strip(), method, tuple(sorted(overrides.items())), max_budget)
 
 

@@ -146,6 +146,8 @@ def test_variant_names_are_settings_of_registered_methods():
   # Everything else is experiments.localize's default: the float64 solver and the CV grid users run.
   assert (settings.solver_dtype, settings.lasso_alpha, settings.standardize) == ("float64", "cv", True)
   assert dict(sweep.parse_variant("two_stage-s0.3").overrides) == {"screen_fraction": 0.3}
+  fixed = sweep.parse_variant("gradient_confirm-n7")
+  assert fixed.settings(BASE, 40, 0).num_masks == 7 and fixed.max_budget == float("inf")
   with pytest.raises(UserError, match="unknown method"):
     sweep.parse_variant("lasso")
   with pytest.raises(UserError, match="unknown token"):
