@@ -99,9 +99,9 @@ def format_tables(report: dict[str, Any], k: int) -> str:
     if held and any("held_out_relative_drop_mean" in r for r in summary):
       general = ", ".join(f"{g} ({v['metric']}, baseline {v['baseline']:.3f})" for g, v in held["general"].items())
       table(f"Held out: relative drop of {t['task']} ({metric}, {held['num_docs']} documents no method saw) when the "
-            f"method's top-{k} are ablated together | the largest relative drop among the general tasks "
+            f"method's top-{k} are ablated together / the largest relative drop among the general tasks "
             f"({general or 'none'}), mean over seeds:",
-            lambda r, b: f"{100 * r['held_out_relative_drop_mean']:.0f}% | "
+            lambda r, b: f"{100 * r['held_out_relative_drop_mean']:.0f}% / "
                          + (f"{100 * r['max_general_relative_drop_mean']:.0f}%"
                             if "max_general_relative_drop_mean" in r else "–"))
   return "\n".join(lines)
