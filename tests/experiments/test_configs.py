@@ -57,6 +57,8 @@ def test_flags_and_settings_share_one_default():
   for field in dataclasses.fields(LocalizeSettings):
     default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
     flag = FLAGS[field.name].default
+    if field.metadata.get("element"):  # a list flag holds strings; the run converts them (cli.settings_from_flags)
+      flag = [field.metadata["element"](v) for v in flag]
     if isinstance(default, dict):
       default = [f"{k}={v}" for k, v in default.items()]
     assert flag == default, field.name
