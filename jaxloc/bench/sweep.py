@@ -37,7 +37,7 @@ from jaxloc.bench import diagnostics
 from jaxloc.bench.problems import Problem, measure_gradient, real_problem, synthetic_problem
 from jaxloc.errors import UserError
 from jaxloc.heads import head_name
-from jaxloc.localize import methods
+from jaxloc.localize import methods, validate
 from jaxloc.localize.methods import Measured, Ranking
 from jaxloc.localize.settings import LocalizeSettings, setting
 
@@ -196,10 +196,9 @@ def names(problem: Problem, heads: Sequence[int]) -> list[str]:
   return [head_name(*divmod(int(h), problem.num_heads)) for h in heads]
 
 
-def relative_drop(problem: Problem, values: np.ndarray) -> np.ndarray:
-  """(baseline - values) / |baseline| of the problem's headline metric (0 when the baseline is 0)."""
-  baseline = problem.baseline[problem.headline_metric]
-  return (baseline - np.asarray(values, np.float64)) / abs(baseline) if baseline else np.zeros(np.shape(values))
+def headline_drop(problem: Problem, masks: np.ndarray) -> np.ndarray:
+  """float [M]: the relative drop of the problem's headline metric under each mask (NaN for a zero baseline)."""
+  return validate.relative_drop(problem.baseline[problem.headline_metric], problem.measure(masks)[problem.headline_metric])
 
 
 def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings, budgets: Sequence[float],
@@ -224,8 +223,8 @@ def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings,
   # Every top-k set in one measure call: full engine batches, and coinciding sets cost one evaluation.
   joint = np.concatenate([problem.joint_mask(r[4].ranking[:k]) for r in runs]) if runs else None
   drops = problem.measure(joint) if runs else {}
-  held = relative_drop(held_out, held_out.measure(joint)[held_out.headline_metric]) if runs and held_out else None
-  others = {name: relative_drop(p, p.measure(joint)[p.headline_metric]) for name, p in general} if runs else {}
+  held = headline_drop(held_out, joint) if runs and held_out else None
+  others = {name: headline_drop(p, joint) for name, p in general} if runs else {}
   records = []
   for i, (variant, fraction, num_masks, seed, result, seconds) in enumerate(runs):
     record = {
@@ -241,7 +240,8 @@ def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings,
       record["held_out_relative_drop"] = float(held[i])
     if others:
       record["general_relative_drop"] = {name: float(d[i]) for name, d in others.items()}
-      record["max_general_relative_drop"] = max(record["general_relative_drop"].values())
+      finite = [d for d in record["general_relative_drop"].values() if np.isfinite(d)]
+      record["max_general_relative_drop"] = max(finite) if finite else float("nan")
     records.append(record)
   return records
 

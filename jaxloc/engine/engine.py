@@ -30,6 +30,9 @@ from jaxloc.models.loading import LoadedModel
 
 log = logging.getLogger(__name__)
 
+# Request layouts kept (oldest dropped first): a localization reuses a handful, a trained mask one per step.
+MAX_LAYOUTS = 32
+
 
 @dataclasses.dataclass
 class EngineStats:
@@ -139,6 +142,8 @@ class Engine:
     log.info("scoring %d requests: shared prefix %d tokens, %d chunks of %d requests, %d masks per call, "
              "~%.2f GiB per call", len(requests), prefix_len, len(result[0].chunks), requests_per_chunk,
              plan.masks_per_call, plan.estimated_bytes / batching.GIB)
+    if len(self._layouts) >= MAX_LAYOUTS:  # a learned mask lays out a new minibatch of requests every step
+      self._layouts.pop(next(iter(self._layouts)))
     self._layouts[key] = result
     return result
 

@@ -264,3 +264,17 @@ class FixedDesignPlan:
 
   def estimate(self, measured: Measured) -> Ranking:
     return self.ranker(measured)
+
+
+def confirmation_plan(screen: np.ndarray, count: int, context: Context, facts: dict[str, Any]) -> FixedDesignPlan:
+  """Ablates the `count` best heads of `screen` (a ranking of every head) one at a time, excluded heads skipped;
+  ranks by the measured changes, the other heads in screen order (`single_head_ranking`), with `facts` added."""
+  candidates = [h for h in screen if not context.excluded[h]][:count]
+  masks = single_head_masks(candidates, context.num_layers, context.num_heads)
+
+  def rank(measured: Measured) -> Ranking:
+    ranking = single_head_ranking(measured, screen)
+    ranking.facts.update(facts)
+    return ranking
+
+  return FixedDesignPlan(masks, rank)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxloc.localize.methods.base import Context, FixedDesignPlan, rank_by, single_head_masks, single_head_ranking
+from jaxloc.localize.methods.base import Context, FixedDesignPlan, confirmation_plan, rank_by
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,15 +23,7 @@ class GradientConfirm:
     return {"num_masks": settings.num_masks}
 
   def plan(self, settings, context: Context) -> FixedDesignPlan:
-    change = context.first_order_change()
     # Excluded heads go last; among the rest, the screen's order is the gradient's.
-    screen = rank_by(context.excluded, change)
-    candidates = [h for h in screen if not context.excluded[h]][:settings.num_masks]
-    masks = single_head_masks(candidates, context.num_layers, context.num_heads)
-
-    def rank(measured):
-      ranking = single_head_ranking(measured, screen)
-      ranking.facts.update(screen="mask gradient of the task's log-probability at the unablated model")
-      return ranking
-
-    return FixedDesignPlan(masks, rank)
+    screen = rank_by(context.excluded, context.first_order_change())
+    return confirmation_plan(screen, settings.num_masks, context,
+                             {"screen": "mask gradient of the task's log-probability at the unablated model"})

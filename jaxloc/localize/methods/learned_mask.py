@@ -22,8 +22,9 @@ Documents and gate noise are fixed by (--seed, step), so a run killed mid-traini
 Screen: heads ordered by their ablation probability averaged over configurations (a head every restart and
 strength ablates comes first), ties by the mean log_alpha. Confirmation and ranking as gradient_confirm: the
 --num_masks best screened heads are ablated one at a time; ranked by the measured change (base's rule), the
-others follow in screen order. Cost: the training's forward+backward passes, reported in seconds and converted
-to mask evaluations by the run.
+others follow in screen order (`base.confirmation_plan`, shared with gradient_confirm). Cost: the training's
+forward+backward passes, reported in seconds and converted to mask evaluations by the run; the per-step losses
+stay in the checkpoint.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from tqdm import tqdm
 from jaxloc import files
 from jaxloc.errors import UserError
 from jaxloc.heads import head_name
-from jaxloc.localize.methods.base import Context, FixedDesignPlan, rank_by, single_head_masks, single_head_ranking
+from jaxloc.localize.methods.base import Context, FixedDesignPlan, confirmation_plan, rank_by
 
 log = logging.getLogger(__name__)
 
@@ -199,16 +200,7 @@ class LearnedMask:
         "mask_steps", "mask_restarts", "mask_l0", "mask_general_weight", "mask_learning_rate", "mask_batch_docs")}}
 
   def plan(self, settings, context: Context) -> FixedDesignPlan:
-    trained: dict[str, np.ndarray] = {}
-
-    def learn():
-      trained.update(train(settings, context))
-      return trained["log_alpha"]
-
-    log_alpha = context.remember("learned_log_alpha", learn)
-    screen = screen_order(log_alpha, context.excluded)
-    candidates = [h for h in screen if not context.excluded[h]][:settings.num_masks]
-    masks = single_head_masks(candidates, context.num_layers, context.num_heads)
+    log_alpha = context.remember("learned_log_alpha", lambda: train(settings, context)["log_alpha"])
     ablation = np.asarray(deterministic_ablation(jnp.asarray(log_alpha)))
     facts = {"screen": "hard-concrete gates trained on the target's and general tasks' retained probability",
              "configurations": int(len(log_alpha)), "steps": settings.mask_steps,
@@ -216,13 +208,4 @@ class LearnedMask:
              "learned_sets": {f"restart {r} l0 {v:g}": [head_name(*divmod(int(h), context.num_heads))
                                                            for h in np.flatnonzero(row > 0.5)]
                               for r, v, row in zip(*configurations(settings), ablation)}}
-    if trained:
-      facts.update(training_seconds=float(trained["seconds"]),
-                   final_loss_per_configuration=[float(v) for v in trained["losses"][-1]])
-
-    def rank(measured):
-      ranking = single_head_ranking(measured, screen)
-      ranking.facts.update(facts)
-      return ranking
-
-    return FixedDesignPlan(masks, rank)
+    return confirmation_plan(screen_order(log_alpha, context.excluded), settings.num_masks, context, facts)
