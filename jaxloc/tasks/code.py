@@ -1,4 +1,4 @@
-"""Code generation scored by running the tests: MBPP and HumanEval, pass@1 with greedy decoding.
+"""Code tasks: MBPP and HumanEval pass@1 with greedy decoding, and HumanEval's solutions by teacher forcing.
 
 - `mbpp` (lm-eval `mbpp`): 3-shot with lm-eval's fixed examples (MBPP task ids 2, 3, 4), each
   `You are an expert Python programmer, and here is your task: {text} Your code should pass these
@@ -10,14 +10,23 @@
   package. The user turn `Write a solution to the following problem and make sure that it passes
   the tests:\\n```python\\n{prompt}\\n```\\n` goes through the chat template, followed by the
   assistant prefix `Here is the completed function:\\n```python\\n{prompt}\\n`. Generation stops
-  at `\\nclass`, `\\ndef`, `\\n#`, `\\nif`, `\\nprint` (1024 new tokens). The program is the
-  prompt + the generation up to the first ``` + "\\n" + the problem's test + `check({entry_point})`.
+  at `\\nclass`, `\\ndef`, `\\n#`, `\\nif`, `\\nprint` (1024 new tokens), and at the closing ``` (not in
+  lm-eval's list; the program never reads past it, so pass@1 is the same and an instruct model's
+  explanation after its code is not generated). The program is the prompt + the generation up to the
+  first ``` + "\\n" + the problem's test + `check({entry_point})`.
   Deviation: lm-eval renders the assistant prefix with `continue_final_message`; jaxloc appends
   it after `add_generation_prompt=True`, which is the same text for templates that keep message
   whitespace (SmolLM2, Qwen2.5) and keeps a trailing newline that Llama-3's template would trim.
 
 Metric `pass@1`: fraction of problems whose program exits 0 in the sandbox (sandbox.py; default
 10 s per program, option `timeout_s`). Programs are run for every mask at once, deduplicated.
+
+- `humaneval_solutions`: the code capability at the price of one forward pass per problem (no
+  generation, no sandbox), for localization on small machines. Each HumanEval problem's canonical
+  solution is scored by teacher forcing after its prompt, in lm-eval `humaneval`'s plain completion
+  format (context = the prompt, continuation = `canonical_solution`). Metrics are `TargetTask`'s:
+  `logprob` (default: the solution's summed log-probability) and `accuracy` (every solution token is
+  the greedy choice). Heads found this way are checked by pass@1 on `humaneval`.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from jaxloc.errors import UserError
 from jaxloc.tasks import data, sandbox
 from jaxloc.tasks.base import Doc, Task
 from jaxloc.tasks.chat import chat_prompt
+from jaxloc.tasks.loglikelihood import TargetTask
 
 
 class _CodeTask(Task):
@@ -141,19 +151,24 @@ def humaneval_path() -> str:
   return os.path.join(os.path.dirname(spec.origin), "data", "HumanEval.jsonl.gz")
 
 
+def humaneval_docs(num_samples: int | None, seed: int) -> list[Doc]:
+  """The 164 HumanEval problems (`id`, `prompt`, `canonical_solution`, `test`, `entry_point`), or a seeded subset."""
+  data.check_num_samples(num_samples)
+  with gzip.open(humaneval_path(), "rt", encoding="utf-8") as problems:
+    rows = [json.loads(line) for line in problems if line.strip()]
+  docs = [{"id": row["task_id"], "prompt": row["prompt"], "canonical_solution": row["canonical_solution"],
+           "test": row["test"], "entry_point": row["entry_point"]} for row in rows]
+  return data.sample_docs(docs, num_samples, seed)
+
+
 class HumanEvalTask(_CodeTask):
   name = "humaneval"
-  stop = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
+  stop = ("\nclass", "\ndef", "\n#", "\nif", "\nprint", "```")
   max_new_tokens = 1024
 
   def load_docs(self, *, num_samples: int | None = None, seed: int = 0,
                 data_dir: str | None = None) -> list[Doc]:
-    data.check_num_samples(num_samples)
-    with gzip.open(humaneval_path(), "rt", encoding="utf-8") as problems:
-      rows = [json.loads(line) for line in problems if line.strip()]
-    docs = [{"id": row["task_id"], "prompt": row["prompt"], "test": row["test"],
-             "entry_point": row["entry_point"]} for row in rows]
-    return data.sample_docs(docs, num_samples, seed)
+    return humaneval_docs(num_samples, seed)
 
   def requests(self, docs: Sequence[Doc], tokenizer=None) -> list[GenerationRequest]:
     return [GenerationRequest(
@@ -169,3 +184,12 @@ class HumanEvalTask(_CodeTask):
     fence = completion.find("```")
     body = completion if fence == -1 else completion[:fence]
     return f"{doc['prompt']}{body}\n{doc['test']}\ncheck({doc['entry_point']})"
+
+
+class HumanEvalSolutionsTask(TargetTask):
+  name = "humaneval_solutions"
+  default_metric = "logprob"
+
+  def load_docs(self, *, num_samples: int | None = None, seed: int = 0,
+                data_dir: str | None = None) -> list[Doc]:
+    return [{**doc, "target": doc["canonical_solution"]} for doc in humaneval_docs(num_samples, seed)]

@@ -32,6 +32,7 @@ _FACTORIES: dict[str, Callable[..., Task]] = {
     "gsm8k": gsm8k.GSM8KTask,
     "mbpp": code.MBPPTask,
     "humaneval": code.HumanEvalTask,
+    "humaneval_solutions": code.HumanEvalSolutionsTask,
     "hellaswag": benchmarks.HellaSwagTask,
     "boolq": benchmarks.BoolQTask,
     "arc_challenge": benchmarks.ARCChallengeTask,

@@ -47,6 +47,16 @@ def test_cli_writes_the_contract_json(tiny_model_dir, capitals_jsonl, tmp_path):
   assert "logprob:" in proc.stdout
 
 
+def test_curve_evaluates_every_prefix_of_the_ranking_in_one_batch(smollm2_engine, capitals_jsonl):
+  result = evaluate_heads(smollm2_engine, capitals_jsonl, heads=HEADS, curve=True)
+  assert [row["heads"] for row in result["curve"]] == [[], HEADS[:1], HEADS[:2], HEADS]
+  assert result["metrics"] == result["curve"][-1]["metrics"] and result["heads"] == HEADS
+  for row in result["curve"]:  # each row equals evaluating that prefix alone
+    alone = evaluate_heads(smollm2_engine, capitals_jsonl, heads=row["heads"])["metrics"]
+    assert alone == pytest.approx(row["metrics"], abs=1e-4)
+  assert "curve" not in evaluate_heads(smollm2_engine, capitals_jsonl, heads=HEADS)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--task=no_such_task"], "unknown task 'no_such_task'"),
     (["--task=/no/such/file.jsonl"], "/no/such/file.jsonl"),
@@ -54,6 +64,7 @@ def test_cli_writes_the_contract_json(tiny_model_dir, capitals_jsonl, tmp_path):
     (["--task=counting", "--heads=L99H0"], "out of range"),
     (["--task=counting", "--num_samples=0"], "num_samples"),
     (["--task=counting", "--ablation=half"], "ablation"),
+    (["--task=counting", "--curve"], "--curve evaluates the prefixes of a ranking"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tiny_model_dir):
   if not any(a.startswith("--model=") for a in args):

@@ -65,7 +65,7 @@ def test_humaneval_pinned_prompt(tokenizer):
       "```python\n" + prompt + "\n")
   assert prompt.startswith("from typing import List\n\n\ndef has_close_elements(numbers: "
                            "List[float], threshold: float) -> bool:\n")
-  assert request.stop == ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
+  assert request.stop == ("\nclass", "\ndef", "\n#", "\nif", "\nprint", "```")
   assert request.max_new_tokens == 1024 and not request.add_special_tokens
 
 
@@ -94,3 +94,17 @@ def test_humaneval_pass_at_1_with_check_functions():
       ["    return None\n", "    return paren_string.split()\n"],
   ]
   np.testing.assert_allclose(task.compute_metrics(docs, outputs)["pass@1"], [1.0, 0.5, 0.0])
+
+
+def test_humaneval_solutions_scores_the_canonical_solution_after_the_prompt():
+  task = registry.get_task("humaneval_solutions")
+  assert task.output_type == "loglikelihood" and task.default_metric == "logprob"
+  docs = task.load_docs()
+  assert len(docs) == 164
+  first = next(doc for doc in docs if doc["id"] == "HumanEval/0")
+  [request] = task.requests([first])
+  assert request.context.startswith("from typing import List\n\n\ndef has_close_elements(")
+  assert request.context == first["prompt"]
+  assert request.continuation.startswith("    for idx, elem in enumerate(numbers):")
+  subset = task.load_docs(num_samples=5, seed=1)
+  assert subset == task.load_docs(num_samples=5, seed=1) and len(subset) == 5

@@ -1,0 +1,39 @@
+"""Helpers shared by the real-model parity tests: jaxloc's and transformers' logits for one prompt."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxloc.models.llama import lm_logits
+
+
+def logits(model, ids, head_mask=None) -> np.ndarray:
+  """jaxloc's logits [tokens, vocab] for one token sequence, under an optional head keep-mask [1, L, H]."""
+  tokens = jnp.asarray(ids)[None, None]
+  out = model.module.apply({"params": model.params}, tokens, jnp.arange(len(ids))[None, None], head_mask=head_mask)
+  return np.asarray(lm_logits(model.config, model.params, out.hidden))[0, 0]
+
+
+def torch_logits(torch_model, ids, heads=()) -> np.ndarray:
+  """transformers' logits for the same sequence, with `heads` ablated by the o_proj pre-hook."""
+  import torch
+
+  from jaxloc.models.torch_reference import ablated_heads
+
+  with torch.no_grad(), ablated_heads(torch_model, heads):
+    return torch_model(torch.tensor([ids])).logits[0].numpy()
+
+
+def keep_mask(config, heads) -> jnp.ndarray:
+  mask = np.ones((1, config.num_layers, config.num_heads), np.float32)
+  for layer, head in heads:
+    mask[0, layer, head] = 0
+  return jnp.asarray(mask)
+
+
+def check_head_mask_parity(model, torch_model, ids, heads) -> None:
+  """Ablating `heads` matches the o_proj pre-hook to 1e-3, changes the logits, and an all-ones mask changes no bit."""
+  ours = logits(model, ids, head_mask=keep_mask(model.config, heads))
+  assert np.abs(ours - torch_logits(torch_model, ids, heads)).max() < 1e-3
+  unmasked = logits(model, ids)
+  assert np.abs(ours - unmasked).max() > 1e-2
+  assert np.array_equal(unmasked, logits(model, ids, head_mask=keep_mask(model.config, [])))
