@@ -187,6 +187,8 @@ class HumanEvalTask(_CodeTask):
 
 
 class HumanEvalSolutionsTask(TargetTask):
+  """HumanEval's canonical solutions by teacher forcing after their prompts (module docstring)."""
+
   name = "humaneval_solutions"
   default_metric = "logprob"
 
