@@ -18,11 +18,18 @@ class ScoringRequest:
   `add_special_tokens`) followed by `tokenizer(continuation, add_special_tokens=False)`,
   as lm-eval does. Chat-templated contexts already hold their special tokens as text and set
   `add_special_tokens=False`.
+
+  With `joint`, the pair is encoded as lm-eval's HF backend encodes it for causal models, so that a
+  task taken from lm-eval scores the very tokens lm-eval scores: the context's trailing whitespace
+  moves to the continuation, `context + continuation` is tokenized as one string, and the
+  continuation is what follows the context's own tokens; an empty context becomes the BOS (else
+  EOS) token unless the continuation already starts with it.
   """
 
   context: str
   continuation: str
   add_special_tokens: bool = True
+  joint: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,8 +42,42 @@ class TokenizedRequests:
     return np.array([len(s) for s in self.sequences]) - self.target_start
 
 
+def _encode(tokenizer, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
+  """Token ids of each (text, add_special_tokens), one tokenizer call per special-token setting."""
+  ids: list[list[int]] = [[] for _ in texts]
+  for add_special in {flag for _, flag in texts}:
+    members = [i for i, (_, flag) in enumerate(texts) if flag == add_special]
+    for i, encoded in zip(members, tokenizer([texts[i][0] for i in members], add_special_tokens=add_special)["input_ids"]):
+      ids[i] = list(encoded)
+  return ids
+
+
+def _split_pairs(tokenizer, requests: Sequence[ScoringRequest], fallback: int) -> list[tuple[list[int], list[int]]]:
+  """(context ids, continuation ids) of every request, by its own encoding (`ScoringRequest`)."""
+  separate = [i for i, r in enumerate(requests) if not r.joint]
+  joint = [i for i, r in enumerate(requests) if r.joint and r.context]
+  empty = [i for i, r in enumerate(requests) if r.joint and not r.context]
+  contexts = _encode(tokenizer, [(requests[i].context, requests[i].add_special_tokens) for i in separate])
+  continuations = _encode(tokenizer, [(requests[i].continuation, False) for i in separate])
+  pairs_of = dict(zip(separate, zip(contexts, continuations)))
+  # lm-eval's causal encoding: trailing context whitespace joins the continuation; the whole is split at the
+  # context's own token count.
+  moved = []
+  for i in joint:
+    r = requests[i]
+    stripped = r.context.rstrip()
+    moved.append((stripped, r.context[len(stripped):] + r.continuation, r.add_special_tokens))
+  wholes = _encode(tokenizer, [(ctx + cont, flag) for ctx, cont, flag in moved])
+  joint_contexts = _encode(tokenizer, [(ctx, flag) for ctx, _, flag in moved])
+  pairs_of.update((i, (ctx, whole[len(ctx):])) for i, ctx, whole in zip(joint, joint_contexts, wholes))
+  for i, cont in zip(empty, _encode(tokenizer, [(requests[i].continuation, False) for i in empty])):
+    pairs_of[i] = (cont[:1], cont[1:]) if cont and cont[0] == fallback else ([fallback], cont)
+  return [pairs_of[i] for i in range(len(requests))]
+
+
 def tokenize(tokenizer, requests: Sequence[ScoringRequest], max_length: int) -> TokenizedRequests:
-  """tokens = tokenizer(context) + tokenizer(continuation, add_special_tokens=False), as lm-eval does.
+  """tokens = tokenizer(context) + tokenizer(continuation, add_special_tokens=False), as lm-eval does
+  (or lm-eval's HF encoding of the pair as one string, for `joint` requests).
 
   An empty context becomes the BOS (else EOS) token so the first continuation token has a predictor.
   Sequences over `max_length` lose context tokens from the left, as lm-eval truncates.
@@ -51,15 +85,8 @@ def tokenize(tokenizer, requests: Sequence[ScoringRequest], max_length: int) -> 
   if tokenizer is None:
     raise UserError("this model directory ships no tokenizer; text requests need one")
   sequences, starts = [], []
-  contexts = {}
-  for add_special in {r.add_special_tokens for r in requests}:
-    batch = [r.context for r in requests if r.add_special_tokens == add_special]
-    ids = tokenizer(batch, add_special_tokens=add_special)["input_ids"] if batch else []
-    contexts[add_special] = iter(ids)
-  continuations = tokenizer([r.continuation for r in requests], add_special_tokens=False)["input_ids"]
   fallback = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-  for index, (request, cont) in enumerate(zip(requests, continuations)):
-    ctx = list(next(contexts[request.add_special_tokens]))
+  for index, (request, (ctx, cont)) in enumerate(zip(requests, _split_pairs(tokenizer, requests, fallback))):
     if not cont:
       raise UserError(f"request {index}: continuation {request.continuation!r} tokenizes to nothing")
     if not ctx:

@@ -70,7 +70,10 @@ def load_tasks(settings: LocalizeSettings) -> Tasks:
                                      validation_samples=held_out, seed=settings.seed, data_dir=settings.data_dir)
   metric = settings.metric or task.default_metric
   if metric not in task.metric_names:
-    raise UserError(f"--metric={metric} is not a metric of {settings.task}; it has {', '.join(task.metric_names)}")
+    why = (" per document (it is aggregated over the whole document set)" if metric in task.aggregate_metric_names
+           else "")
+    raise UserError(f"--metric={metric} is not a metric of {settings.task}{why}; localization can target "
+                    f"{', '.join(task.metric_names) or 'none of its metrics'}")
   method = methods.get(settings.method)
   if (method.uses_gradient or method.uses_objective) and task.output_type != "loglikelihood":
     raise UserError(f"--method={settings.method} needs a scored (loglikelihood) task; {settings.task} is a "

@@ -7,8 +7,12 @@ from typing import Any
 
 
 def task_label(name: str) -> str:
-  """A registered task's name, or a custom task file's stem (not a truncated path)."""
-  return os.path.splitext(os.path.basename(name))[0] if name.endswith(".jsonl") else name
+  """A registered task's name, or for a task given by a file (a custom .jsonl, an lm-eval task YAML) the file's
+  stem (not a truncated path), after its `lm_eval:` prefix if it has one."""
+  if not name.endswith((".jsonl", ".yaml", ".yml")):
+    return name
+  prefix = "lm_eval:" if name.startswith("lm_eval:") else ""
+  return prefix + os.path.splitext(os.path.basename(name))[0]
 
 
 def _width(name: str) -> int:

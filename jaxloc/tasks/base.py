@@ -25,14 +25,18 @@ class Task(abc.ABC):
   """A capability measured on documents.
 
   Subclasses set `name`, `output_type` ("loglikelihood": the engine scores `ScoringRequest`s;
-  "generate": the engine greedy-decodes `GenerationRequest`s), `metric_names` and
-  `default_metric` (the metric localization uses unless told otherwise; higher is better).
+  "generate": the engine greedy-decodes `GenerationRequest`s), `metric_names` (metrics with a value
+  per document, whose mean over documents is the task's value: what localization can target) and
+  `default_metric` (the metric localization uses unless told otherwise; higher is better). A task
+  may also report `aggregate_metric_names`: metrics of the whole document set with no per-document
+  value (a corpus-level F1), computed by `compute_metrics` and never localized.
   """
 
   name: str
   output_type: OutputType
   metric_names: tuple[str, ...]
   default_metric: str
+  aggregate_metric_names: tuple[str, ...] = ()
 
   @abc.abstractmethod
   def load_docs(self, *, num_samples: int | None = None, seed: int = 0,
@@ -55,7 +59,8 @@ class Task(abc.ABC):
 
   def compute_metrics(self, docs: Sequence[Doc],
                       outputs: ScoreOutputs | Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
-    """Metrics per mask: name -> float [masks], each the mean of `doc_metrics` over `docs`."""
+    """Metrics per mask: name -> float [masks], each the mean of `doc_metrics` over `docs` (a task with
+    `aggregate_metric_names` overrides this to add them)."""
     return mean_over_docs(self.doc_metrics(docs, outputs))
 
 

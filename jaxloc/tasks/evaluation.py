@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from jaxloc.engine.requests import GenerationRequest, ScoringRequest
 from jaxloc.errors import UserError
-from jaxloc.tasks.base import Doc, Task, mean_over_docs
+from jaxloc.tasks.base import Doc, Task
 
 # Generation has no engine-side mask batches to report; this many masks go per generate call.
 GENERATION_MASKS_PER_BATCH = 16
@@ -39,13 +39,14 @@ def _check_masks(head_masks) -> None:
 
 
 def _metrics(task: Task, docs: Sequence[Doc], outputs, num_masks: int, per_doc: bool) -> dict[str, np.ndarray]:
-  """The task's metrics for `num_masks` masks: name -> float [masks, docs] if `per_doc`, else [masks]."""
-  metrics = task.doc_metrics(docs, outputs)
+  """The task's metrics for `num_masks` masks: name -> float [masks, docs] if `per_doc` (`doc_metrics`),
+  else [masks] (`compute_metrics`, which adds the task's aggregate-only metrics)."""
+  metrics = task.doc_metrics(docs, outputs) if per_doc else task.compute_metrics(docs, outputs)
+  expected = (num_masks, len(docs)) if per_doc else (num_masks,)
   for name, values in metrics.items():
-    if np.shape(values) != (num_masks, len(docs)):
-      raise ValueError(f"task {task.name!r} metric {name!r} has shape {np.shape(values)}; "
-                       f"expected [{num_masks}, {len(docs)}]")
-  return metrics if per_doc else mean_over_docs(metrics)
+    if np.shape(values) != expected:
+      raise ValueError(f"task {task.name!r} metric {name!r} has shape {np.shape(values)}; expected {list(expected)}")
+  return metrics
 
 
 def run(engine, task: Task, docs: Sequence[Doc], head_masks, *, head_fill=None, tokenizer=None,

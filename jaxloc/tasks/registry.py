@@ -1,5 +1,7 @@
-"""Task names -> tasks. `get_task("gsm8k")`, `get_task("arithmetic", subtasks="2da,2ds")`, or a
-path to a custom JSONL file (`get_task("my_task.jsonl")`, format in custom.py).
+"""Task names -> tasks. `get_task("gsm8k")`, `get_task("arithmetic", subtasks="2da,2ds")`, a
+path to a custom JSONL file (`get_task("my_task.jsonl")`, format in custom.py), or any
+lm-evaluation-harness task by name or task YAML (`get_task("lm_eval:boolq")`,
+`get_task("lm_eval:my_task.yaml", num_fewshot=5)`; harness.py).
 
 Options per task (keyword arguments of `get_task`; strings are accepted, as flags give them):
 
@@ -9,6 +11,7 @@ Options per task (keyword arguments of `get_task`; strings are accepted, as flag
 | `mmlu`                      | `subjects`: comma-separated MMLU subjects (default all 57)       |
 | `induction`                 | `sequence_length`: words in the repeated sequence (default 10)   |
 | `mbpp`, `humaneval`         | `timeout_s`: seconds per program in the sandbox (default 10)     |
+| `lm_eval:<task or .yaml>`   | `num_fewshot`: few-shot examples (default: the task's own)       |
 | every other task            | none                                                             |
 """
 
@@ -20,7 +23,7 @@ import os
 from typing import Any, Callable
 
 from jaxloc.errors import UserError
-from jaxloc.tasks import arithmetic, benchmarks, chat, code, custom, gsm8k, synthetic
+from jaxloc.tasks import arithmetic, benchmarks, chat, code, custom, gsm8k, harness, synthetic
 from jaxloc.tasks.base import Task
 
 _FACTORIES: dict[str, Callable[..., Task]] = {
@@ -58,10 +61,14 @@ def _is_custom_path(name_or_path: str) -> bool:
 
 
 def get_task(name_or_path: str, **options: Any) -> Task:
-  """The registered task `name_or_path`, or the custom task in that JSONL file."""
+  """The registered task `name_or_path`, the custom task in that JSONL file, or an lm-eval task
+  (`lm_eval:<name or task YAML>`)."""
   if not isinstance(name_or_path, str) or not name_or_path:
     raise UserError(f"task must be a registered name or a .jsonl path, got {name_or_path!r}")
-  factory = _FACTORIES.get(name_or_path)
+  if name_or_path.startswith(harness.PREFIX):
+    factory = functools.partial(harness.HarnessTask, name_or_path[len(harness.PREFIX):])
+  else:
+    factory = _FACTORIES.get(name_or_path)
   if factory is None:
     if _is_custom_path(name_or_path):
       if options:
@@ -69,7 +76,8 @@ def get_task(name_or_path: str, **options: Any) -> Task:
       return custom.load_custom_task(name_or_path)
     raise UserError(f"unknown task {name_or_path!r}; registered tasks: {', '.join(task_names())}; "
                     f"or give the path of a custom .jsonl task file (one "
-                    f'{{"prompt", "target"}} or {{"prompt", "choices", "label"}} object per line)')
+                    f'{{"prompt", "target"}} or {{"prompt", "choices", "label"}} object per line), or an '
+                    f"lm-evaluation-harness task as lm_eval:<name or task .yaml>")
   accepted = [name for name in inspect.signature(factory).parameters if name != "name"]
   unknown = sorted(set(options) - set(accepted))
   if unknown:
