@@ -10,7 +10,8 @@ from jaxloc import cli
 from jaxloc.evaluate import evaluate_heads
 from jaxloc.files import write_json
 
-flags.DEFINE_string("task", None, "Registered task name or a custom .jsonl file.", required=True)
+flags.DEFINE_string("task", None, "Registered task name, a custom .jsonl file, or an lm-evaluation-harness task as "
+                    "lm_eval:<task name or task .yaml>.", required=True)
 flags.DEFINE_list("task_options", [], "Task options as key=value (e.g. subtasks=2da,2ds for arithmetic).")
 flags.DEFINE_list("heads", [], "Heads to ablate, e.g. L15H13,L16H21 (none: the unablated model).")
 flags.DEFINE_enum("ablation", "zero", ["zero", "mean"], "Zero the heads, or replace them by their mean "

@@ -9,16 +9,13 @@ re-measuring any saved mask. Every flag but the model/engine ones is a field of
 `jaxloc.localize.settings.LocalizeSettings` (one definition of its default and help).
 """
 
-import json
-import os
-
 from absl import flags
 
 from jaxloc import cli
+from jaxloc.api import run_localization
 from jaxloc.localize import methods
-from jaxloc.localize.run import load_tasks, localize
+from jaxloc.localize.run import load_tasks
 from jaxloc.localize.settings import LocalizeSettings
-from jaxloc.report.plots import write_plots
 from jaxloc.report.summary import summary_table
 
 cli.define_flags(LocalizeSettings, skip=("model",), choices={"methods": methods.names()})
@@ -32,13 +29,8 @@ def main(argv):
   settings = cli.settings_from_flags(LocalizeSettings)
   tasks = load_tasks(settings)  # every user error that needs no model is reported before it loads
   engine = cli.engine_from_flags()
-  heads = localize(engine, settings, tasks, progress=FLAGS.progress)
-  write_plots(FLAGS.output_dir)
-  ablation = None
-  if os.path.exists(os.path.join(FLAGS.output_dir, "ablation.json")):
-    with open(os.path.join(FLAGS.output_dir, "ablation.json")) as f:
-      ablation = json.load(f)
-  print(summary_table(heads, ablation))
+  run = run_localization(engine, settings=settings, tasks=tasks, progress=FLAGS.progress)
+  print(summary_table(run.info, run.ablation))
   print(f"outputs in {FLAGS.output_dir}")
 
 

@@ -1,0 +1,61 @@
+"""jaxloc: find the attention heads of a language model that carry a capability.
+
+From Python (a notebook), everything below is `jaxloc.<name>`:
+
+    import jaxloc
+    model = jaxloc.load_model("smollm2-135m")                # alias, .gguf, HF directory or hub id
+    engine = jaxloc.Engine(model)                              # batched, compiled evaluation under head masks
+    jaxloc.evaluate_heads(engine, "plurals", heads=["L8H1"])   # the `experiments.evaluate` result
+    jaxloc.evaluate_masks(engine, "lm_eval:boolq", masks)      # metrics per keep-mask [masks, layers, heads]
+    run = jaxloc.run_localization(engine, "plurals", "runs/p", method="gradient_confirm", num_masks=60)
+    run = jaxloc.read_run("runs/p")                            # heads, coefficients, measurements, validation
+
+Names are imported on first use, so `import jaxloc` is instant and a subpackage never pulls in the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "load_model": "jaxloc.models.loading",
+    "LoadedModel": "jaxloc.models.loading",
+    "Engine": "jaxloc.engine.engine",
+    "get_task": "jaxloc.tasks.registry",
+    "task_names": "jaxloc.tasks.registry",
+    "evaluate_heads": "jaxloc.evaluate",
+    "evaluate_masks": "jaxloc.evaluate",
+    "keep_mask": "jaxloc.heads",
+    "head_name": "jaxloc.heads",
+    "parse_heads": "jaxloc.heads",
+    "LocalizeSettings": "jaxloc.localize.settings",
+    "run_localization": "jaxloc.api",
+    "read_run": "jaxloc.api",
+    "Run": "jaxloc.api",
+    "UserError": "jaxloc.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+  from jaxloc.api import Run, read_run, run_localization
+  from jaxloc.engine.engine import Engine
+  from jaxloc.errors import UserError
+  from jaxloc.evaluate import evaluate_heads, evaluate_masks
+  from jaxloc.heads import head_name, keep_mask, parse_heads
+  from jaxloc.localize.settings import LocalizeSettings
+  from jaxloc.models.loading import LoadedModel, load_model
+  from jaxloc.tasks.registry import get_task, task_names
+
+
+def __getattr__(name: str) -> Any:
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'jaxloc' has no attribute {name!r}")
+  value = getattr(importlib.import_module(_EXPORTS[name]), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted({*globals(), *__all__})

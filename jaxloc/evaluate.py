@@ -1,6 +1,7 @@
 """Evaluate a task with a fixed set of heads ablated (the `experiments.evaluate` contract).
 
-Result: {"model", "task", "heads", "ablation", "num_samples", "metrics": {name: mean over samples}}.
+Result: {"model", "task", "heads", "ablation", "num_samples", "metrics": {name: value}} (a per-document metric's
+mean over samples; a task's aggregate-only metrics, e.g. an lm-eval corpus F1, by the task's own aggregation).
 With `curve`, the heads are a ranking and the result gains "curve": the unablated model and each prefix
 of the ranking (top-1, top-2, …, all), [{"heads", "metrics"}], evaluated as one batch of k+1 masks;
 "metrics" is still the full set's.
@@ -19,21 +20,47 @@ from jaxloc.tasks.evaluation import Evaluator, load_task
 ABLATIONS = ("zero", "mean")
 
 
+def _check_ablation(ablation: str) -> None:
+  if ablation not in ABLATIONS:
+    raise UserError(f"unknown ablation {ablation!r}; valid: {', '.join(ABLATIONS)}")
+
+
+def _evaluate(engine, task_name: str, keep_masks, *, ablation: str, num_samples: int | None, seed: int,
+              data_dir: str | None, task_options: dict[str, Any] | None, progress: bool, per_doc: bool
+              ) -> tuple[dict[str, np.ndarray], list]:
+  """(metrics, documents): the task loaded and evaluated under every keep-mask as one batch."""
+  _check_ablation(ablation)
+  task, docs = load_task(task_name, task_options, num_samples=num_samples, seed=seed, data_dir=data_dir)
+  evaluator = Evaluator.build(engine, task_name, task, docs, ablation)
+  metrics = evaluator.run(np.asarray(keep_masks, np.float32), progress=progress, per_doc=per_doc)
+  return {name: np.asarray(values) for name, values in metrics.items()}, docs
+
+
+def evaluate_masks(engine, task_name: str, keep_masks, *, ablation: str = "zero", num_samples: int | None = None,
+                   seed: int = 0, data_dir: str | None = None, task_options: dict[str, Any] | None = None,
+                   progress: bool = False, per_doc: bool = False) -> dict[str, np.ndarray]:
+  """A task's metrics under every keep-mask (float [masks, layers, heads], 1 keep, 0 ablate), evaluated as one
+  batch: name -> float [masks] (with `per_doc`, the per-document metrics, [masks, docs]). With mean ablation an
+  ablated head outputs its mean over the evaluated documents' tokens."""
+  return _evaluate(engine, task_name, keep_masks, ablation=ablation, num_samples=num_samples, seed=seed,
+                   data_dir=data_dir, task_options=task_options, progress=progress, per_doc=per_doc)[0]
+
+
 def evaluate_heads(engine, task_name: str, *, heads: str | Sequence[str] | None = None, ablation: str = "zero",
                    num_samples: int | None = None, seed: int = 0, data_dir: str | None = None,
                    task_options: dict[str, Any] | None = None, progress: bool = False,
                    curve: bool = False) -> dict[str, Any]:
-  if ablation not in ABLATIONS:
-    raise UserError(f"unknown ablation {ablation!r}; valid: {', '.join(ABLATIONS)}")
+  """A task's metrics with `heads` (names, e.g. ["L8H1", "L20H5"] or "L8H1,L20H5") ablated: the
+  `experiments.evaluate` result (module docstring); with `curve`, also each prefix of the ranking `heads`."""
   config = engine.config
   parsed = parse_heads(heads, config.num_layers, config.num_heads)
-  task, docs = load_task(task_name, task_options, num_samples=num_samples, seed=seed, data_dir=data_dir)
   sets = [parsed[:k] for k in range(len(parsed) + 1)] if curve else [parsed]
   masks = np.stack([keep_mask(heads, config.num_layers, config.num_heads) for heads in sets])
-  evaluator = Evaluator.build(engine, task_name, task, docs, ablation if parsed else "zero")
-  metrics = evaluator.run(masks, progress=progress)
+  _check_ablation(ablation)
+  metrics, docs = _evaluate(engine, task_name, masks, ablation=ablation if parsed else "zero", num_samples=num_samples,
+                            seed=seed, data_dir=data_dir, task_options=task_options, progress=progress, per_doc=False)
   rows = [{"heads": [head_name(layer, head) for layer, head in heads],
-           "metrics": {name: float(np.asarray(values)[row]) for name, values in metrics.items()}}
+           "metrics": {name: float(values[row]) for name, values in metrics.items()}}
           for row, heads in enumerate(sets)]
   result = {
       "model": engine.model.name,
@@ -46,4 +73,3 @@ def evaluate_heads(engine, task_name: str, *, heads: str | Sequence[str] | None 
   if curve:
     result["curve"] = rows
   return result
-

@@ -28,7 +28,8 @@ class LocalizeSettings:
   """The flags of `experiments.localize` (run `python -m experiments.localize --helpfull`)."""
 
   model: str = setting(SMOLLM2_ALIAS, "Model: alias, .gguf file, local HF directory or HF hub id.")
-  task: str = setting(None, "Registered task name or a custom .jsonl file.", type=str, required=True)
+  task: str = setting(None, "Registered task name, a custom .jsonl file, or an lm-evaluation-harness task as "
+                      "lm_eval:<task name or task .yaml>.", type=str, required=True)
   output_dir: str = setting(None, "Where outputs go (and where a resumed run finds them).", type=str, required=True)
   method: str = setting("cs_stratified", "Localization method (one of jaxloc.localize.methods.names()).",
                         choices="methods")

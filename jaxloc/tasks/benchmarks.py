@@ -17,7 +17,15 @@ highest summed log-likelihood, `acc_norm` the highest per character of the choic
 The description is lm-eval's `The following are multiple choice questions (with answers) about
 {subject}.\\n\\n` (MMLU: the subject with underscores as spaces). All zero-shot, as lm-eval's
 defaults; hellaswag's preprocessing is lm-eval's (strip, " [title]" -> ". ", drop [bracketed]
-artifacts, collapse double spaces).
+artifacts, collapse double spaces). Each (query, choice) pair is encoded as lm-eval's HF backend
+encodes it (`ScoringRequest.joint`).
+
+These tasks exist for offline use: they read the datasets' rows from local JSONL files
+(`data.py`). tests/tasks/test_lm_eval_formats.py renders the same rows through lm-eval's own
+registered task of the same name (mmlu: `mmlu_<subject>`, wmdp: `wmdp_<topic>`) and checks that
+both ask the model the same (context, continuation) pairs. Differences: wmdp here also reports
+acc_norm (lm-eval: acc only); `mmlu` pools every subject into one task (lm-eval: a group of 57).
+With network or a Hugging Face cache, `lm_eval:<name>` runs lm-eval's own definition.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ def _string_list(value: Any, where: str, field: str, length: int | None = None) 
 
 class _DatasetTask(MultipleChoiceTask):
   spec: data.DatasetSpec
+  joint = True  # encoded as lm-eval's HF backend encodes the lm-eval task of the same name
 
   def process(self, row: dict[str, Any], where: str) -> Doc:
     raise NotImplementedError

@@ -89,9 +89,10 @@ class MultipleChoiceTask(Task):
   metric_names = ("acc", "acc_norm")
   default_metric = "acc"
   choice_delimiter = " "
+  joint = False  # lm-eval's HF encoding of each (query, choice) pair (`ScoringRequest.joint`)
 
   def requests(self, docs: Sequence[Doc], tokenizer=None) -> list[ScoringRequest]:
-    return [ScoringRequest(doc["query"], self.choice_delimiter + choice)
+    return [ScoringRequest(doc["query"], self.choice_delimiter + choice, joint=self.joint)
             for doc in docs for choice in doc["choices"]]
 
   def doc_metrics(self, docs: Sequence[Doc], outputs: ScoreOutputs) -> dict[str, np.ndarray]:

@@ -1,0 +1,97 @@
+"""What a notebook needs, behind `import jaxloc`: run a localization with settings, read a finished run.
+
+    import jaxloc
+    engine = jaxloc.Engine(jaxloc.load_model("smollm2-135m"))
+    jaxloc.evaluate_heads(engine, "plurals", heads=["L8H1", "L20H5"], num_samples=50)["metrics"]
+    run = jaxloc.run_localization(engine, "plurals", "runs/plurals", method="gradient_confirm", num_masks=60)
+    run.top_k, run.coefficients  # or later: jaxloc.read_run("runs/plurals")
+
+Loading models, building engines and evaluating tasks under masks are the library's own functions, re-exported
+by `jaxloc/__init__.py`; this module adds the two that compose several steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from jaxloc.errors import UserError
+from jaxloc.localize.run import Tasks, load_tasks, localize
+from jaxloc.localize.settings import LocalizeSettings
+from jaxloc.report.plots import write_plots
+
+
+@dataclasses.dataclass
+class Run:
+  """A finished localization run, read from its output directory (the ARCHITECTURE.md contract).
+
+  info: heads.json (model, task, method, metric, heads ranked most important first, top_k, flags, timing, ...).
+  coefficients: float [layers, heads], each head's estimated change in the metric when it is ablated.
+  masks: bool [masks, layers, heads] (True = ablated) and scores: float [masks], the target's measurements.
+  ablation: ablation.json (held-out validation), None when the run did not validate.
+  """
+
+  directory: str
+  info: dict[str, Any]
+  coefficients: np.ndarray
+  masks: np.ndarray
+  scores: np.ndarray
+  baseline: float
+  ablation: dict[str, Any] | None
+
+  @property
+  def top_k(self) -> list[str]:
+    """The selected heads, most important first (e.g. ["L8H1", "L20H5", ...])."""
+    return list(self.info["top_k"])
+
+  @property
+  def heads(self) -> list[dict[str, Any]]:
+    """Every head ranked: {"name", "layer", "head", "score"}."""
+    return list(self.info["heads"])
+
+
+def read_run(output_dir: str) -> Run:
+  """The outputs of a finished `experiments.localize` or `run_localization` run in `output_dir`."""
+  paths = {name: os.path.join(output_dir, name) for name in ("heads.json", "coefficients.npy", "measurements.npz",
+                                                             "ablation.json")}
+  if not os.path.isfile(paths["heads.json"]):
+    saved = os.path.isfile(paths["measurements.npz"])
+    raise UserError(f"{output_dir} holds no finished run (no heads.json"
+                    + ("; its measurements.npz is a run in progress: run the same command again to resume it)"
+                       if saved else ")"))
+  with open(paths["heads.json"]) as f:
+    info = json.load(f)
+  with np.load(paths["measurements.npz"]) as measured:
+    masks, scores, baseline = measured["masks"], measured["scores"], float(measured["baseline"])
+  ablation = None
+  if os.path.isfile(paths["ablation.json"]):
+    with open(paths["ablation.json"]) as f:
+      ablation = json.load(f)
+  return Run(output_dir, info, np.load(paths["coefficients.npy"]), masks, scores, baseline, ablation)
+
+
+def run_localization(engine, task: str | None = None, output_dir: str | None = None, *,
+                     settings: LocalizeSettings | None = None, tasks: Tasks | None = None, progress: bool = True,
+                     **fields: Any) -> Run:
+  """Localizes `task` on `engine`'s model, writes the outputs and plots to `output_dir`, and returns them.
+
+  Settings are `LocalizeSettings` fields (`experiments.localize --helpfull` lists them with their defaults):
+  give them as keywords (`method="gradient_confirm", num_masks=60, general_tasks=["plurals"]`) or as a whole
+  `settings` object. Re-running with the same settings resumes an interrupted run. `tasks` are the run's
+  documents when already loaded (`jaxloc.localize.run.load_tasks(settings)`).
+  """
+  if settings is None:
+    known = {f.name for f in dataclasses.fields(LocalizeSettings)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+      raise UserError(f"unknown localization setting(s) {unknown}; settings: {', '.join(sorted(known))}")
+    settings = LocalizeSettings(**{"model": engine.model.name, "task": task, "output_dir": output_dir, **fields})
+  elif task is not None or output_dir is not None or fields:
+    raise UserError("give the settings either as a LocalizeSettings object or as task, output_dir and keywords")
+  localize(engine, settings, tasks or load_tasks(settings), progress=progress)
+  write_plots(settings.output_dir)
+  return read_run(settings.output_dir)
