@@ -9,6 +9,7 @@ from absl import flags
 from jaxloc import cli
 from jaxloc.evaluate import evaluate_heads
 from jaxloc.files import write_json
+from jaxloc.tasks.evaluation import load_task
 
 flags.DEFINE_string("task", None, "Registered task name, a custom .jsonl file, or an lm-evaluation-harness task as "
                     "lm_eval:<task name or task .yaml>.", required=True)
@@ -31,11 +32,13 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
+  options = cli.parse_options(FLAGS.task_options)
+  # an unknown task, a missing dataset or a malformed line is reported before the model loads
+  loaded = load_task(FLAGS.task, options, num_samples=FLAGS.num_samples, seed=FLAGS.seed, data_dir=FLAGS.data_dir)
   engine = cli.engine_from_flags()
   result = evaluate_heads(engine, FLAGS.task, heads=FLAGS.heads, ablation=FLAGS.ablation,
                           num_samples=FLAGS.num_samples, seed=FLAGS.seed, data_dir=FLAGS.data_dir,
-                          task_options=cli.parse_options(FLAGS.task_options), progress=FLAGS.progress,
-                          curve=FLAGS.curve)
+                          task_options=options, progress=FLAGS.progress, curve=FLAGS.curve, loaded=loaded)
   for row in result.get("curve", []):
     print(f"{len(row['heads'])} heads ablated: " + ", ".join(f"{name} {value:.4f}"
                                                             for name, value in row["metrics"].items()))

@@ -38,15 +38,15 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
-  from jaxloc.api import Run, read_run, run_localization
-  from jaxloc.engine.engine import Engine
-  from jaxloc.errors import UserError
-  from jaxloc.evaluate import evaluate_heads, evaluate_masks
-  from jaxloc.heads import head_name, keep_mask, parse_heads
-  from jaxloc.localize.settings import LocalizeSettings
-  from jaxloc.models.loading import LoadedModel, load_model
-  from jaxloc.tasks.registry import get_task, task_names
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports on first use
+  from jaxloc.api import Run, read_run, run_localization  # noqa: F401
+  from jaxloc.engine.engine import Engine  # noqa: F401
+  from jaxloc.errors import UserError  # noqa: F401
+  from jaxloc.evaluate import evaluate_heads, evaluate_masks  # noqa: F401
+  from jaxloc.heads import head_name, keep_mask, parse_heads  # noqa: F401
+  from jaxloc.localize.settings import LocalizeSettings  # noqa: F401
+  from jaxloc.models.loading import LoadedModel, load_model  # noqa: F401
+  from jaxloc.tasks.registry import get_task, task_names  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -13,6 +13,7 @@ by `jaxloc/__init__.py`; this module adds the two that compose several steps.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any
@@ -30,18 +31,19 @@ class Run:
   """A finished localization run, read from its output directory (the ARCHITECTURE.md contract).
 
   info: heads.json (model, task, method, metric, heads ranked most important first, top_k, flags, timing, ...).
-  coefficients: float [layers, heads], each head's estimated change in the metric when it is ablated.
-  masks: bool [masks, layers, heads] (True = ablated) and scores: float [masks], the target's measurements.
   ablation: ablation.json (held-out validation), None when the run did not validate.
+  coefficients: float [layers, heads], each head's estimated change in the metric when it is ablated; masks: bool
+  [masks, layers, heads] (True = ablated), scores: float [masks] and baseline: the target's measurements. These
+  three are None for a directory that keeps only the reports (as the runs under docs/ do).
   """
 
   directory: str
   info: dict[str, Any]
-  coefficients: np.ndarray
-  masks: np.ndarray
-  scores: np.ndarray
-  baseline: float
   ablation: dict[str, Any] | None
+  coefficients: np.ndarray | None
+  masks: np.ndarray | None
+  scores: np.ndarray | None
+  baseline: float | None
 
   @property
   def top_k(self) -> list[str]:
@@ -54,24 +56,28 @@ class Run:
     return list(self.info["heads"])
 
 
+def _json(path: str) -> dict[str, Any] | None:
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
 def read_run(output_dir: str) -> Run:
   """The outputs of a finished `experiments.localize` or `run_localization` run in `output_dir`."""
-  paths = {name: os.path.join(output_dir, name) for name in ("heads.json", "coefficients.npy", "measurements.npz",
-                                                             "ablation.json")}
-  if not os.path.isfile(paths["heads.json"]):
-    saved = os.path.isfile(paths["measurements.npz"])
+  path = functools.partial(os.path.join, output_dir)
+  info = _json(path("heads.json"))
+  if info is None:
+    in_progress = os.path.isfile(path("measurements.npz"))
     raise UserError(f"{output_dir} holds no finished run (no heads.json"
                     + ("; its measurements.npz is a run in progress: run the same command again to resume it)"
-                       if saved else ")"))
-  with open(paths["heads.json"]) as f:
-    info = json.load(f)
-  with np.load(paths["measurements.npz"]) as measured:
-    masks, scores, baseline = measured["masks"], measured["scores"], float(measured["baseline"])
-  ablation = None
-  if os.path.isfile(paths["ablation.json"]):
-    with open(paths["ablation.json"]) as f:
-      ablation = json.load(f)
-  return Run(output_dir, info, np.load(paths["coefficients.npy"]), masks, scores, baseline, ablation)
+                       if in_progress else ")"))
+  masks = scores = baseline = None
+  if os.path.isfile(path("measurements.npz")):
+    with np.load(path("measurements.npz")) as measured:
+      masks, scores, baseline = measured["masks"], measured["scores"], float(measured["baseline"])
+  coefficients = np.load(path("coefficients.npy")) if os.path.isfile(path("coefficients.npy")) else None
+  return Run(output_dir, info, _json(path("ablation.json")), coefficients, masks, scores, baseline)
 
 
 def run_localization(engine, task: str | None = None, output_dir: str | None = None, *,

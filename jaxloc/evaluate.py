@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxloc.errors import UserError
 from jaxloc.heads import head_name, keep_mask, parse_heads
+from jaxloc.tasks.base import Doc, Task
 from jaxloc.tasks.evaluation import Evaluator, load_task
 
 ABLATIONS = ("zero", "mean")
@@ -26,11 +27,11 @@ def _check_ablation(ablation: str) -> None:
 
 
 def _evaluate(engine, task_name: str, keep_masks, *, ablation: str, num_samples: int | None, seed: int,
-              data_dir: str | None, task_options: dict[str, Any] | None, progress: bool, per_doc: bool
-              ) -> tuple[dict[str, np.ndarray], list]:
-  """(metrics, documents): the task loaded and evaluated under every keep-mask as one batch."""
+              data_dir: str | None, task_options: dict[str, Any] | None, progress: bool, per_doc: bool,
+              loaded: tuple[Task, list[Doc]] | None) -> tuple[dict[str, np.ndarray], list]:
+  """(metrics, documents): the task (loaded here unless `loaded`) evaluated under every keep-mask as one batch."""
   _check_ablation(ablation)
-  task, docs = load_task(task_name, task_options, num_samples=num_samples, seed=seed, data_dir=data_dir)
+  task, docs = loaded or load_task(task_name, task_options, num_samples=num_samples, seed=seed, data_dir=data_dir)
   evaluator = Evaluator.build(engine, task_name, task, docs, ablation)
   metrics = evaluator.run(np.asarray(keep_masks, np.float32), progress=progress, per_doc=per_doc)
   return {name: np.asarray(values) for name, values in metrics.items()}, docs
@@ -38,27 +39,32 @@ def _evaluate(engine, task_name: str, keep_masks, *, ablation: str, num_samples:
 
 def evaluate_masks(engine, task_name: str, keep_masks, *, ablation: str = "zero", num_samples: int | None = None,
                    seed: int = 0, data_dir: str | None = None, task_options: dict[str, Any] | None = None,
-                   progress: bool = False, per_doc: bool = False) -> dict[str, np.ndarray]:
+                   progress: bool = False, per_doc: bool = False, loaded: tuple[Task, list[Doc]] | None = None
+                   ) -> dict[str, np.ndarray]:
   """A task's metrics under every keep-mask (float [masks, layers, heads], 1 keep, 0 ablate), evaluated as one
   batch: name -> float [masks] (with `per_doc`, the per-document metrics, [masks, docs]). With mean ablation an
-  ablated head outputs its mean over the evaluated documents' tokens."""
+  ablated head outputs its mean over the evaluated documents' tokens. `loaded`: the task and its documents when
+  already loaded (`tasks.evaluation.load_task`, before the model, as the CLI does)."""
   return _evaluate(engine, task_name, keep_masks, ablation=ablation, num_samples=num_samples, seed=seed,
-                   data_dir=data_dir, task_options=task_options, progress=progress, per_doc=per_doc)[0]
+                   data_dir=data_dir, task_options=task_options, progress=progress, per_doc=per_doc,
+                   loaded=loaded)[0]
 
 
 def evaluate_heads(engine, task_name: str, *, heads: str | Sequence[str] | None = None, ablation: str = "zero",
                    num_samples: int | None = None, seed: int = 0, data_dir: str | None = None,
                    task_options: dict[str, Any] | None = None, progress: bool = False,
-                   curve: bool = False) -> dict[str, Any]:
+                   curve: bool = False, loaded: tuple[Task, list[Doc]] | None = None) -> dict[str, Any]:
   """A task's metrics with `heads` (names, e.g. ["L8H1", "L20H5"] or "L8H1,L20H5") ablated: the
-  `experiments.evaluate` result (module docstring); with `curve`, also each prefix of the ranking `heads`."""
+  `experiments.evaluate` result (module docstring); with `curve`, also each prefix of the ranking `heads`.
+  `loaded` as for `evaluate_masks`."""
   config = engine.config
   parsed = parse_heads(heads, config.num_layers, config.num_heads)
   sets = [parsed[:k] for k in range(len(parsed) + 1)] if curve else [parsed]
   masks = np.stack([keep_mask(heads, config.num_layers, config.num_heads) for heads in sets])
   _check_ablation(ablation)
   metrics, docs = _evaluate(engine, task_name, masks, ablation=ablation if parsed else "zero", num_samples=num_samples,
-                            seed=seed, data_dir=data_dir, task_options=task_options, progress=progress, per_doc=False)
+                            seed=seed, data_dir=data_dir, task_options=task_options, progress=progress, per_doc=False,
+                            loaded=loaded)
   rows = [{"heads": [head_name(layer, head) for layer, head in heads],
            "metrics": {name: float(values[row]) for name, values in metrics.items()}}
           for row, heads in enumerate(sets)]

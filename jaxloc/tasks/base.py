@@ -57,6 +57,12 @@ class Task(abc.ABC):
     Per-document values let a run bootstrap over documents without re-evaluating the model.
     """
 
+  def scored_request_index(self, docs: Sequence[Doc]) -> np.ndarray:
+    """int [docs]: for each document, the position among `requests(docs)` of the request whose log-probability is
+    the task's differentiable score (what gradient and learned-mask methods follow). Default: the requests are one
+    per document (a prompt/target task's target); a multiple-choice task points at each document's gold choice."""
+    return np.arange(len(docs))
+
   def compute_metrics(self, docs: Sequence[Doc],
                       outputs: ScoreOutputs | Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
     """Metrics per mask: name -> float [masks], each the mean of `doc_metrics` over `docs` (a task with

@@ -175,16 +175,25 @@ def _hf_offline_mode():
     datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
 
 
+@contextlib.contextmanager
+def hub_access() -> Iterator[bool]:
+  """Within the block, `datasets` reads the local Hugging Face cache only when HF_DATASETS_OFFLINE or
+  HF_HUB_OFFLINE is set or the hub is unreachable (`hub_reachable`), so a machine without network fails fast
+  instead of retrying; yields whether it is offline. Needs `datasets`."""
+  offline = _env_true("HF_DATASETS_OFFLINE") or _env_true("HF_HUB_OFFLINE") or not hub_reachable()
+  with _hf_offline_mode() if offline else contextlib.nullcontext():
+    yield offline
+
+
 def _load_from_hub(spec: DatasetSpec) -> tuple[list[dict[str, Any]] | None, str]:
   """Rows from `datasets.load_dataset`, or (None, why not)."""
   try:
     import datasets
   except ImportError:
     return None, "the `datasets` package is not installed"
-  offline = (_env_true("HF_DATASETS_OFFLINE") or _env_true("HF_HUB_OFFLINE")
-             or not hub_reachable())
+  offline = False
   try:
-    with _hf_offline_mode() if offline else contextlib.nullcontext():
+    with hub_access() as offline:
       dataset = datasets.load_dataset(spec.hf_path, spec.hf_config, split=spec.hf_split)
   except Exception as error:  # datasets raises many types for "not there"
     where = "the local Hugging Face cache (offline)" if offline else "the Hugging Face hub"

@@ -186,19 +186,14 @@ class Evaluator:
 
   def scored_requests(self, docs: Sequence[int] | None = None) -> list[ScoringRequest]:
     """One request per document (all, or those indexed by `docs`) whose log-probability is the task's
-    differentiable score: the target of a prompt/target task, the gold choice of a multiple-choice task (the
-    choices compete; their sum does not)."""
+    differentiable score (`Task.scored_request_index`): the target of a prompt/target task, the gold choice of a
+    multiple-choice task (the choices compete; their sum does not)."""
     if self.task.output_type != "loglikelihood":
       raise UserError(f"a differentiable score needs a scored (loglikelihood) task; {self.name} is a generation "
                       "task: use cs_stratified, two_stage or one_shot_greedy")
-    from jaxloc.tasks.loglikelihood import MultipleChoiceTask, choice_layout
-
     chosen = self.docs if docs is None else [self.docs[int(i)] for i in docs]
     requests = _requests(self.engine, self.task, chosen, None)
-    if isinstance(self.task, MultipleChoiceTask):
-      request_index, _, gold = choice_layout(chosen)
-      requests = [requests[i] for i in request_index[np.arange(len(gold)), gold]]
-    return requests
+    return [requests[int(i)] for i in self.task.scored_request_index(chosen)]
 
   def first_order_change(self) -> np.ndarray:
     """[N] first-order score change of ablating each head: -d(mean log-probability of the scored requests)/

@@ -95,6 +95,10 @@ class MultipleChoiceTask(Task):
     return [ScoringRequest(doc["query"], self.choice_delimiter + choice, joint=self.joint)
             for doc in docs for choice in doc["choices"]]
 
+  def scored_request_index(self, docs: Sequence[Doc]) -> np.ndarray:
+    request_index, _, gold = choice_layout(docs)
+    return request_index[np.arange(len(docs)), gold]
+
   def doc_metrics(self, docs: Sequence[Doc], outputs: ScoreOutputs) -> dict[str, np.ndarray]:
     request_index, choice_length, gold = choice_layout(docs)
     outputs = _check_outputs(outputs, int((request_index >= 0).sum()))

@@ -94,8 +94,8 @@ def test_mean_ablation_uses_the_task_text():
   task = registry.get_task("boolq")
   docs = [{"query": "Is it? Answer:", "choices": ["no", "yes"], "gold": 0}]
   assert evaluation.mean_ablation_values(engine, task, docs).shape == (2, 4, 8)
-  assert engine.mean_requests == [ScoringRequest("Is it? Answer:", " no"),
-                                  ScoringRequest("Is it? Answer:", " yes")]
+  assert engine.mean_requests == [ScoringRequest("Is it? Answer:", " no", joint=True),  # lm-eval's encoding
+                                  ScoringRequest("Is it? Answer:", " yes", joint=True)]
   gsm = registry.get_task("gsm8k")
   evaluation.mean_ablation_values(engine, gsm, [{"question": "q", "answer": "#### 1"}])
   [request] = engine.mean_requests

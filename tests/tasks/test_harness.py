@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
+from jaxloc.engine.requests import ScoreOutputs
 from jaxloc.errors import UserError
-from jaxloc.evaluate import evaluate_heads
 from jaxloc.tasks.registry import get_task
 
 lm_eval = pytest.importorskip("lm_eval")
@@ -93,87 +93,109 @@ metric_list:
 }
 
 
+ZERO_SHOT_CHOICE = """output_type: multiple_choice
+doc_to_text: "The word {{word}} in the plural is"
+doc_to_choice: "{{choices}}"
+doc_to_target: label
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+# A group of two multiple-choice tasks scored as lm-eval scores mmlu: the size-weighted mean over its tasks.
+GROUP = """group: toy_group
+task:
+  - toy_multiple_choice
+  - toy_zero_shot_choice
+aggregate_metric_list:
+  - metric: acc
+    weight_by_size: true
+  - metric: acc_norm
+    weight_by_size: true
+"""
+
+
 @pytest.fixture(scope="module")
 def task_files(tmp_path_factory):
   directory = tmp_path_factory.mktemp("lm_eval_tasks")
   data = directory / "plurals.jsonl"
   data.write_text("".join(json.dumps(doc) + "\n" for doc in _docs()))
   files = {}
-  for kind, body in TASKS.items():
+  for kind, body in {**TASKS, "zero_shot_choice": ZERO_SHOT_CHOICE}.items():
     path = directory / f"toy_{kind}.yaml"
     path.write_text(_yaml(f"toy_{kind}", data, body))
     files[kind] = str(path)
+  files["group"] = str(directory / "toy_group.yaml")
+  (directory / "toy_group.yaml").write_text(GROUP)
   return files
 
 
-def _lm_eval_run(model, tokenizer, yaml_path, heads):
-  """lm-eval's own evaluation with its HF backend, `heads` hooked: ({metric key: value}, samples by doc_id)."""
-  from lm_eval import simple_evaluate
-  from lm_eval.models.huggingface import HFLM
+@pytest.mark.parametrize("kind", [*sorted(TASKS), "group"])
+def test_jaxloc_equals_lm_eval_hf_backend_unablated_and_ablated(kind, task_files, smollm2, smollm2_torch,
+                                                                smollm2_engine):
+  from jaxloc.tasks.harness_reference import compare, table
 
-  from jaxloc.heads import parse_heads
-  from jaxloc.models.torch_reference import ablated_heads
-  from jaxloc.tasks.harness import task_manager
-
-  lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=16, device="cpu")
-  with torch.no_grad(), ablated_heads(model, parse_heads(heads, 30, 9)):
-    out = simple_evaluate(model=lm, tasks=[yaml_path], task_manager=task_manager(), log_samples=True)
-  (name,) = out["results"]
-  results = {k.replace(",none", ""): v for k, v in out["results"][name].items()
-             if "," in k and "_stderr" not in k}
-  return results, out["samples"][name]
-
-
-@pytest.mark.parametrize("kind", sorted(TASKS))
-def test_metrics_equal_lm_eval_hf_backend_unablated_and_ablated(kind, task_files, smollm2, smollm2_torch,
-                                                               smollm2_engine):
-  ours = evaluate_heads(smollm2_engine, "lm_eval:" + task_files[kind], heads=HEADS, curve=True)
-  unablated, ablated = ours["curve"][0]["metrics"], ours["curve"][-1]["metrics"]
-  for metrics, heads in ((unablated, []), (ablated, HEADS)):
-    expected, _ = _lm_eval_run(smollm2_torch, smollm2.tokenizer, task_files[kind], heads)
-    assert set(expected) <= set(metrics)
-    for name, value in expected.items():
+  task = get_task("lm_eval:" + task_files[kind])
+  report = compare(smollm2_engine, smollm2_torch, smollm2.tokenizer, task, task.load_docs(), HEADS)
+  print("\n" + table(report))  # the agreement figures, with pytest -s
+  unablated, ablated = report["rows"]
+  assert ablated["heads"] == HEADS
+  for row in report["rows"]:
+    assert set(row["metrics"]) == set(task.metric_names + task.aggregate_metric_names) - {"loglikelihood"}
+    for name, pair in row["metrics"].items():
       if name in ("acc", "acc_norm") or name.startswith("exact_match"):
-        assert metrics[name] == value, (heads, name)
-      else:  # perplexities: float32 sums of log-probabilities through exp
-        assert math.isclose(metrics[name], value, rel_tol=2e-3), (heads, name, metrics[name], value)
-  assert any(unablated[name] != ablated[name] for name in unablated), "ablating the heads changed nothing"
-
-
-def test_per_document_values_equal_lm_eval_samples(task_files, smollm2, smollm2_torch, smollm2_engine):
-  """Per-document responses, not only means: log-likelihoods of every choice and the generated texts."""
-  from jaxloc.tasks.evaluation import Evaluator
-
-  for kind in ("multiple_choice", "generate_until"):
-    task = get_task("lm_eval:" + task_files[kind])
-    docs = task.load_docs()
-    evaluator = Evaluator.build(smollm2_engine, task.name, task, docs)
-    per_doc = evaluator.run(np.ones((1, 30, 9), np.float32), per_doc=True)
-    _, samples = _lm_eval_run(smollm2_torch, smollm2.tokenizer, task_files[kind], [])
-    samples = sorted((s for s in samples if s["filter"] == "none"), key=lambda s: s["doc_id"])
-    instances = task.instances(docs)
-    requests = task.requests(docs)
-    if kind == "multiple_choice":
-      ours = smollm2_engine.score(requests, np.ones((1, 30, 9), np.float32)).logprob[0]
-      theirs = [lp for s in samples for (lp, _), in s["resps"]]
-      np.testing.assert_allclose(ours, theirs, atol=2e-3)
-      assert per_doc["acc"][0].tolist() == [s["acc"] for s in samples]
+        assert pair["jaxloc"] == pair["lm_eval"], (row["heads"], name)
+      else:  # perplexities: exponentials of float32 sums of log-probabilities
+        assert math.isclose(pair["jaxloc"], pair["lm_eval"], rel_tol=2e-3), (row["heads"], name, pair)
+    if task.output_type == "generate":
+      assert row["identical_generations"] == 1.0
     else:
-      ours = smollm2_engine.generate(requests, np.ones((1, 30, 9), np.float32))[0]
-      assert ours == [s["resps"][0][0] for s in samples]
-      assert per_doc["exact_match"][0].tolist() == [s["exact_match"] for s in samples]
-      assert sum(s["exact_match"] for s in samples) > 0  # the comparison is not all zeros
-    assert [[i.args for i in group] for group in instances] == [s["arguments"] for s in samples]
+      assert row["max_abs_logprob_diff"] < 2e-3
+  assert any(unablated["metrics"][n]["jaxloc"] != ablated["metrics"][n]["jaxloc"] for n in unablated["metrics"]), (
+      "ablating the heads changed nothing")
+  if kind == "generate_until":
+    assert unablated["metrics"]["exact_match"]["jaxloc"] > 0  # the comparison is not all zeros
+
+
+def test_prompts_and_per_document_metrics_are_lm_evals(task_files, smollm2, smollm2_torch, smollm2_engine):
+  from jaxloc.tasks.evaluation import Evaluator
+  from jaxloc.tasks.harness_reference import lm_eval_run
+
+  for kind, metric in (("multiple_choice", "acc"), ("generate_until", "exact_match")):
+    task = get_task("lm_eval:" + task_files[kind])
+    docs = task.load_docs(num_samples=7, seed=1)
+    _, samples = lm_eval_run(smollm2_torch, smollm2.tokenizer, task, docs, [])
+    assert [[i.args for i in group] for group in task.instances(docs)] == [s["arguments"] for s in samples]
+    per_doc = Evaluator.build(smollm2_engine, task.name, task, docs).run(np.ones((1, 30, 9)), per_doc=True)
+    assert per_doc[metric][0].tolist() == [s[metric] for s in samples]
 
 
 def test_metric_kinds_names_and_requests(task_files):
   mc = get_task("lm_eval:" + task_files["multiple_choice"])
   assert mc.output_type == "loglikelihood" and mc.metric_names == ("acc", "acc_norm") and mc.default_metric == "acc"
+  mc_docs = mc.load_docs()
+  labels = [doc["doc"]["label"] for doc in mc_docs]
+  assert mc.scored_request_index(mc_docs).tolist() == [3 * i + label for i, label in enumerate(labels)]
   ll = get_task("lm_eval:" + task_files["loglikelihood"])
-  assert ll.metric_names == ("acc",) and ll.aggregate_metric_names == ("perplexity",)
+  assert ll.metric_names == ("acc", "loglikelihood") and ll.aggregate_metric_names == ("perplexity",)
+  # lm-eval's aggregations applied to the responses: perplexity = exp(-mean log-likelihood), acc = mean greedy
+  ll_docs = ll.load_docs()
+  rng = np.random.default_rng(0)
+  logprob, greedy = -rng.uniform(0, 5, (2, len(ll_docs))), rng.uniform(size=(2, len(ll_docs))) < 0.5
+  metrics = ll.compute_metrics(ll_docs, ScoreOutputs(logprob, greedy, np.ones(len(ll_docs), int)))
+  np.testing.assert_allclose(metrics["loglikelihood"], logprob.mean(axis=1))
+  np.testing.assert_allclose(metrics["perplexity"], np.exp(-logprob.mean(axis=1)))
+  np.testing.assert_allclose(metrics["acc"], greedy.mean(axis=1))
+  assert ll.scored_request_index(ll_docs).tolist() == list(range(len(ll_docs)))
   rolling = get_task("lm_eval:" + task_files["loglikelihood_rolling"])
   assert rolling.metric_names == ("loglikelihood",)
   assert set(rolling.aggregate_metric_names) == {"word_perplexity", "byte_perplexity", "bits_per_byte"}
+  group = get_task("lm_eval:" + task_files["group"])
+  assert group.group == "toy_group" and list(group.subtasks) == ["toy_multiple_choice", "toy_zero_shot_choice"]
+  assert group.metric_names == ("acc", "acc_norm") and len(group.load_docs()) == 2 * len(WORDS)
+  group_docs = group.load_docs(num_samples=6, seed=3)
+  assert {doc["task"] for doc in group_docs} == set(group.subtasks)
+  assert [r.context.startswith("The word") for r in group.requests(group_docs)] == [
+      doc["task"] == "toy_zero_shot_choice" for doc in group_docs for _ in range(3)]
   gen = get_task("lm_eval:" + task_files["generate_until"])
   assert gen.output_type == "generate" and gen.metric_names == ("exact_match", "exact_match,first-word")
   docs = gen.load_docs(num_samples=4, seed=0)
@@ -224,6 +246,13 @@ def test_user_errors(task_files, tmp_path):
                      .replace("task: toy_generate_until", "task: toy_sampled"))
   with pytest.raises(UserError, match="decodes greedily"):
     get_task("lm_eval:" + str(sampled))
+  mixed = tmp_path.parent / (tmp_path.name + "_mixed")
+  mixed.mkdir()
+  for kind in ("multiple_choice", "generate_until"):
+    (mixed / f"{kind}.yaml").write_text(open(task_files[kind]).read().replace("task: toy_", "task: mixed_"))
+  (mixed / "group.yaml").write_text("group: mixed_group\ntask:\n  - mixed_multiple_choice\n  - mixed_generate_until\n")
+  with pytest.raises(UserError, match="mixes lm-eval output types"):
+    get_task("lm_eval:" + str(mixed / "group.yaml"))
   broken = tmp_path / "broken.yaml"
   broken.write_text(_yaml("toy_broken", tmp_path / "absent.jsonl", TASKS["multiple_choice"]))
   with pytest.raises(UserError, match="lm-eval could not build task"):
