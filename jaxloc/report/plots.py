@@ -14,6 +14,8 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from jaxloc.report.summary import task_label  # noqa: E402
+
 
 def heatmap(coefficients: np.ndarray, heads: dict[str, Any], path: str) -> None:
   """Coefficients [layers, heads], diverging around 0; the top-k heads boxed, universal heads crossed."""
@@ -38,7 +40,7 @@ def heatmap(coefficients: np.ndarray, heads: dict[str, Any], path: str) -> None:
   ax.set_yticks(range(0, num_layers, max(1, num_layers // 16)))
   label = (heads.get("solver") or {}).get("value", "score")
   fig.colorbar(image, ax=ax, label=f"{label} ({heads['metric']})")
-  ax.set_title(f"{heads['task']} on {os.path.basename(str(heads['model']))}: {heads['method']}, "
+  ax.set_title(f"{task_label(heads['task'])} on {os.path.basename(str(heads['model']))}: {heads['method']}, "
                f"{heads['num_evaluations']} evaluations\nboxed: top-{len(heads['top_k'])}"
                + (" (bootstrap selection frequency)" if heads.get("confidence") else "")
                + (", x: universal" if heads.get("universal_heads") else ""), fontsize=9)
@@ -54,10 +56,10 @@ def ablation_curve(ablation: dict[str, Any], path: str) -> None:
   task = curve["task"]
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
   ax.plot(k, np.array(task["relative_drop"], float) * 100, marker="o", linewidth=2.5, color="black",
-          label=f"{task['name']} ({task['metric']})")
+          label=f"{task_label(task['name'])} ({task['metric']})")
   for name, general in curve["general"].items():
     ax.plot(k, np.array(general["relative_drop"], float) * 100, marker=".", linewidth=1.2, alpha=0.8,
-            label=f"{name} ({general['metric']})")
+            label=f"{task_label(name)} ({general['metric']})")
   ax.axhline(0, color="grey", linewidth=0.8)
   ax.set_xticks(k)
   ax.set_xticklabels(["none"] + [f"+{h}" for h in curve["heads"]], rotation=30, ha="right", fontsize=8)
@@ -85,7 +87,7 @@ def specificity_curve(ablation: dict[str, Any], path: str) -> None:
   for label, curve, style in curves:
     k = curve["k"]
     ax.plot(k, np.array(curve["task"]["relative_drop"], float) * 100, style, marker="o", color="black",
-            label=f"{label}: {curve['task']['name']} drop")
+            label=f"{label}: {task_label(curve['task']['name'])} drop")
     general = np.array([np.nan if v is None else v for v in curve["max_general_relative_drop"]], float)
     ax.plot(k, general * 100, style, marker=".", color="tab:red", label=f"{label}: largest general drop")
     if style == "-" and "relative_drop_interval" in curve["task"]:  # 95% intervals of the run's selection
