@@ -47,8 +47,9 @@ def _encode(tokenizer, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
   ids: list[list[int]] = [[] for _ in texts]
   for add_special in {flag for _, flag in texts}:
     members = [i for i, (_, flag) in enumerate(texts) if flag == add_special]
-    for i, encoded in zip(members, tokenizer([texts[i][0] for i in members], add_special_tokens=add_special)["input_ids"]):
-      ids[i] = list(encoded)
+    encoded = tokenizer([texts[i][0] for i in members], add_special_tokens=add_special)["input_ids"]
+    for i, token_ids in zip(members, encoded):
+      ids[i] = list(token_ids)
   return ids
 
 

@@ -94,13 +94,15 @@ def compare(engine, hf_model, tokenizer, task: HarnessTask, docs: Sequence[Doc],
 def table(report: dict[str, Any]) -> str:
   """The comparison as a Markdown table: one line per (head set, metric)."""
   lines = [f"{report['task']}, {report['num_docs']} documents", "",
-           "| heads ablated | metric | jaxloc | lm-eval (HF backend) | difference | relative |", "|---|---|---|---|---|---|"]
+           "| heads ablated | metric | jaxloc | lm-eval (HF backend) | difference | relative |",
+           "|---|---|---|---|---|---|"]
   for row in report["rows"]:
     heads = ",".join(row["heads"]) or "none"
     for name, pair in row["metrics"].items():
       difference = abs(pair["jaxloc"] - pair["lm_eval"])
       relative = f"{difference / abs(pair['lm_eval']):.1g}" if pair["lm_eval"] else ""
-      lines.append(f"| {heads} | {name} | {pair['jaxloc']:.6g} | {pair['lm_eval']:.6g} | {difference:.2g} | {relative} |")
+      lines.append(f"| {heads} | {name} | {pair['jaxloc']:.6g} | {pair['lm_eval']:.6g} | {difference:.2g} | "
+                   f"{relative} |")
     if row["max_abs_logprob_diff"] is not None:
       lines.append(f"| {heads} | largest per-request log-likelihood difference (nats) | | | "
                    f"{row['max_abs_logprob_diff']:.2g} | |")

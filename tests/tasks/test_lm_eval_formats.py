@@ -24,13 +24,13 @@ HELLASWAG = [benchmarks.HellaSwagTask.spec.example,
               "endings": ["plays a tune [title] loudly.", "puts it away.", "throws it  far.", "eats it."],
               "label": "0"}]
 BOOLQ = [benchmarks.BoolQTask.spec.example,
-         {"passage": "The Eiffel Tower is a wrought-iron lattice tower in Paris.", "question": "is the eiffel tower in paris",
-          "label": 1}]
+         {"passage": "The Eiffel Tower is a wrought-iron lattice tower in Paris.",
+          "question": "is the eiffel tower in paris", "label": 1}]
 ARC = [benchmarks.ARCChallengeTask.spec.example,
        {"id": "x1", "question": "Which gas do plants take in?", "answerKey": "2",
         "choices": {"text": ["oxygen", "carbon dioxide", "helium"], "label": ["1", "2", "3"]}}]
-MMLU = [{"question": " Find all zeros of x^2 + 1 in Z_2. ", "subject": "abstract_algebra", "choices": ["0", "1", "0,1", "none"],
-         "answer": 1}, benchmarks.MMLUTask.spec.example]
+MMLU = [{"question": " Find all zeros of x^2 + 1 in Z_2. ", "subject": "abstract_algebra",
+         "choices": ["0", "1", "0,1", "none"], "answer": 1}, benchmarks.MMLUTask.spec.example]
 WMDP = [{"question": "Which of the following is a virus?", "choices": ["E. coli", "Influenza", "Yeast", "Algae"],
          "answer": 1}]
 GSM8K = [gsm8k.SPEC.example, {"question": "Tom has 3 apples and buys 4 more. How many apples does he have?",
