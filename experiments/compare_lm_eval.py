@@ -5,7 +5,7 @@
 
 lm-eval runs the task with its HF backend (transformers on the CPU, heads hooked on o_proj); jaxloc evaluates both
 head sets as one batch. Prints every metric from both, the largest per-request log-likelihood difference (scored
-tasks) or the share of identical generations (generation tasks). Needs pip install -e '.[test,lm_eval]'.
+tasks) or the share of identical generations (generation tasks). Needs pip install -e '.[test,lm-eval]'.
 """
 
 from absl import flags

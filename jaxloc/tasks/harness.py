@@ -38,7 +38,7 @@ reports; a per-document metric's mean over the pooled documents is lm-eval's siz
 
 Options: `num_fewshot` (as lm-eval's `--num_fewshot`, for every task of a group). Documents: the evaluation split
 (test, else validation), seeded subsets by `--num_samples` as for every jaxloc task (lm-eval's `--limit` takes
-the first n). Needs the optional extra: `pip install -e '.[lm_eval]'`.
+the first n). Needs the optional extra: `pip install -e '.[lm-eval]'`.
 
 Axes: `masks`, `requests` (lm-eval instances, a document's in order), `docs`.
 """
@@ -70,7 +70,7 @@ def _require_lm_eval() -> None:
   try:
     import lm_eval  # noqa: F401
   except ImportError:
-    raise UserError("lm_eval: tasks need lm-evaluation-harness: pip install -e '.[lm_eval]' "
+    raise UserError("lm_eval: tasks need lm-evaluation-harness: pip install -e '.[lm-eval]' "
                     "(or pip install lm-eval)") from None
 
 

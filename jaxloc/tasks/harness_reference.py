@@ -4,7 +4,7 @@ lm-eval runs the task with its HF backend (transformers, PyTorch) on the same do
 hooked the paper's way (`models.torch_reference.ablated_heads`); jaxloc evaluates the unablated model and the
 ablated one as one batch of masks. `compare` reports, for each, every metric from both, the largest per-request
 log-likelihood difference (scored tasks) and the share of identical generations (generation tasks). Needs torch
-and lm-eval's HF backend (`pip install -e '.[test,lm_eval]'`); jaxloc never needs them at run time.
+and lm-eval's HF backend (`pip install -e '.[test,lm-eval]'`); jaxloc never needs them at run time.
 
 Few-shot prompts agree for zero-shot tasks and deterministic samplers (harness.py explains why lm-eval's sequential
 random sampler gives later documents of a run other examples).
