@@ -5,7 +5,7 @@ import io
 import os
 import re
 
-import pytest
+from tests.optional import optional_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,7 +19,7 @@ def _example() -> str:
 
 
 def test_readme_python_example_runs(tmp_path, monkeypatch):
-  pytest.importorskip("lm_eval")
+  optional_module("lm_eval")  # the example evaluates an lm-eval task
   code = _example()
   assert '"runs/notebook"' in code
   code = code.replace('"runs/notebook"', repr(str(tmp_path / "notebook")))

@@ -12,8 +12,9 @@ import pytest
 from jaxloc.engine.requests import ScoreOutputs
 from jaxloc.errors import UserError
 from jaxloc.tasks.registry import get_task
+from tests.optional import optional_module
 
-lm_eval = pytest.importorskip("lm_eval")
+optional_module("lm_eval")
 torch = pytest.importorskip("torch")
 
 HEADS = ["L1H5", "L1H4", "L1H3", "L8H1", "L20H5"]  # the default run's universal and plurals heads: every metric moves

@@ -15,8 +15,9 @@ import pytest
 from jaxloc.engine.requests import GenerationRequest
 from jaxloc.tasks import benchmarks, gsm8k
 from jaxloc.tasks.registry import get_task
+from tests.optional import optional_module
 
-pytest.importorskip("lm_eval")
+optional_module("lm_eval")
 
 HELLASWAG = [benchmarks.HellaSwagTask.spec.example,
              {"ind": 12, "activity_label": "Playing the harmonica [title] How to play",
