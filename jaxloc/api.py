@@ -34,7 +34,7 @@ class Run:
   ablation: ablation.json (held-out validation), None when the run did not validate.
   coefficients: float [layers, heads], each head's estimated change in the metric when it is ablated; masks: bool
   [masks, layers, heads] (True = ablated), scores: float [masks] and baseline: the target's measurements. These
-  three are None for a directory that keeps only the reports (as the runs under docs/ do).
+  four are None for a directory that keeps only the reports (as the runs under docs/ do).
   """
 
   directory: str

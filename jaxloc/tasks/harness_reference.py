@@ -17,9 +17,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloc.errors import UserError
-from jaxloc.heads import keep_mask, parse_heads
+from jaxloc.heads import head_name, keep_mask, parse_heads
 from jaxloc.tasks.base import Doc
-from jaxloc.tasks.evaluation import Evaluator
 from jaxloc.tasks.harness import HarnessTask, include_path, load_name, metric_key, task_manager
 
 # lm-eval's result keys that are not metrics.
@@ -69,16 +68,14 @@ def compare(engine, hf_model, tokenizer, task: HarnessTask, docs: Sequence[Doc],
   c = engine.config
   head_sets = [[], parse_heads(heads, c.num_layers, c.num_heads)] if heads else [[]]
   masks = np.stack([keep_mask(h, c.num_layers, c.num_heads) for h in head_sets])
-  ours = Evaluator.build(engine, task.name, task, docs).run(masks)
+  # One evaluation gives both the task's metrics and the per-request responses compared below.
   requests = task.requests(docs)
-  if task.output_type == "generate":
-    outputs = engine.generate(requests, masks)
-  else:
-    outputs = engine.score(requests, masks).logprob
+  outputs = engine.generate(requests, masks) if task.output_type == "generate" else engine.score(requests, masks)
+  ours = task.compute_metrics(docs, outputs)
   rows = []
   for m, ablated in enumerate(head_sets):
     theirs, samples = lm_eval_run(hf_model, tokenizer, task, docs, ablated, batch_size)
-    row: dict[str, Any] = {"heads": [f"L{layer}H{head}" for layer, head in ablated],
+    row: dict[str, Any] = {"heads": [head_name(layer, head) for layer, head in ablated],
                            "metrics": {k: {"jaxloc": float(ours[k][m]), "lm_eval": v} for k, v in theirs.items()},
                            "max_abs_logprob_diff": None, "identical_generations": None}
     responses = [resp[0] for sample in samples for resp in sample["resps"]]
@@ -86,7 +83,7 @@ def compare(engine, hf_model, tokenizer, task: HarnessTask, docs: Sequence[Doc],
       row["identical_generations"] = float(np.mean([a == b for a, b in zip(outputs[m], responses)]))
     else:
       reference = [r[0] if isinstance(r, (tuple, list)) else r for r in responses]
-      row["max_abs_logprob_diff"] = float(np.max(np.abs(np.asarray(outputs[m]) - np.asarray(reference))))
+      row["max_abs_logprob_diff"] = float(np.max(np.abs(outputs.logprob[m] - np.asarray(reference))))
     rows.append(row)
   return {"task": task.name, "num_docs": len(docs), "rows": rows}
 
