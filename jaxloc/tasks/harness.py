@@ -116,10 +116,11 @@ def load_harness_tasks(spec: str) -> tuple[str | None, dict[str, Any]]:
   if _is_yaml(spec) and not os.path.isfile(spec):
     raise UserError(f"lm-eval task file {spec} not found")
   manager = task_manager(include_path(spec))
+  name = load_name(spec)
   offline = False
   try:
     with data.hub_access() as offline:  # no network: lm-eval's datasets come from the local cache, at once
-      loaded = manager.load(load_name(spec))
+      loaded = manager.load(name)
   except KeyError:
     raise UserError(f"unknown lm-eval task {spec!r}: neither a task, group or tag lm-eval knows nor a task "
                     "YAML file (list them with `lm-eval ls tasks`)") from None

@@ -254,6 +254,10 @@ def test_user_errors(task_files, tmp_path):
   (mixed / "group.yaml").write_text("group: mixed_group\ntask:\n  - mixed_multiple_choice\n  - mixed_generate_until\n")
   with pytest.raises(UserError, match="mixes lm-eval output types"):
     get_task("lm_eval:" + str(mixed / "group.yaml"))
+  unreadable = tmp_path / "unreadable.yaml"
+  unreadable.write_text("task: [unclosed\n")
+  with pytest.raises(UserError, match="^lm-eval cannot read task file"):
+    get_task("lm_eval:" + str(unreadable))
   broken = tmp_path / "broken.yaml"
   broken.write_text(_yaml("toy_broken", tmp_path / "absent.jsonl", TASKS["multiple_choice"]))
   with pytest.raises(UserError, match="lm-eval could not build task"):
