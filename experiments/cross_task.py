@@ -22,11 +22,9 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   result = cross_task.cross_task(FLAGS.runs)
-  os.makedirs(FLAGS.output_dir, exist_ok=True)
   files.write_json(os.path.join(FLAGS.output_dir, "cross_task.json"), result)
   table = cross_task.markdown(result)
-  with open(os.path.join(FLAGS.output_dir, "cross_task.md"), "w") as f:
-    f.write(table + "\n")
+  files.write_text(os.path.join(FLAGS.output_dir, "cross_task.md"), table + "\n")
   cross_task.plot(result, os.path.join(FLAGS.output_dir, "cross_task.png"))
   print(table)
   print(f"outputs in {FLAGS.output_dir}")

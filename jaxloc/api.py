@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from typing import Any
 
 import numpy as np
 
+from jaxloc import files
 from jaxloc.errors import UserError
 from jaxloc.localize.run import Tasks, load_tasks, localize
 from jaxloc.localize.settings import LocalizeSettings
@@ -56,28 +56,21 @@ class Run:
     return list(self.info["heads"])
 
 
-def _json(path: str) -> dict[str, Any] | None:
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
-
-
 def read_run(output_dir: str) -> Run:
-  """The outputs of a finished `experiments.localize` or `run_localization` run in `output_dir`."""
+  """The outputs of a finished `experiments.localize` or `run_localization` run in `output_dir` (in a
+  multi-process run, as process 0 wrote them)."""
   path = functools.partial(os.path.join, output_dir)
-  info = _json(path("heads.json"))
+  info = files.read_json(path("heads.json"))
+  measured = files.read_arrays(path("measurements.npz"))
   if info is None:
-    in_progress = os.path.isfile(path("measurements.npz"))
     raise UserError(f"{output_dir} holds no finished run (no heads.json"
                     + ("; its measurements.npz is a run in progress: run the same command again to resume it)"
-                       if in_progress else ")"))
+                       if measured is not None else ")"))
   masks = scores = baseline = None
-  if os.path.isfile(path("measurements.npz")):
-    with np.load(path("measurements.npz")) as measured:
-      masks, scores, baseline = measured["masks"], measured["scores"], float(measured["baseline"])
-  coefficients = np.load(path("coefficients.npy")) if os.path.isfile(path("coefficients.npy")) else None
-  return Run(output_dir, info, _json(path("ablation.json")), coefficients, masks, scores, baseline)
+  if measured is not None:
+    masks, scores, baseline = measured["masks"], measured["scores"], float(measured["baseline"])
+  return Run(output_dir, info, files.read_json(path("ablation.json")), files.read_array(path("coefficients.npy")),
+             masks, scores, baseline)
 
 
 def run_localization(engine, task: str | None = None, output_dir: str | None = None, *,

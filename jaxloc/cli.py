@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 from typing import Any, Callable
 
@@ -38,7 +39,18 @@ def define_model_flags() -> None:
   flags.DEFINE_integer("model_parallel", 1, "Devices per tensor-parallel group (the mesh's model axis).",
                        lower_bound=1)
   flags.DEFINE_bool("share_prefix", True, "Compute the few-shot prefix shared by all requests once per mask.")
-  flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (multi-host pods).")
+  flags.DEFINE_bool("distributed", False, "Join a multi-process run (pod hosts, or processes on one machine) with "
+                    "jax.distributed before anything else; failing to join is an error. Only process 0 writes files.")
+  flags.DEFINE_string("coordinator_address", None, "With --distributed: process 0's host:port (else "
+                      "$JAX_COORDINATOR_ADDRESS, else detected on Cloud TPU, SLURM, Open MPI).")
+  flags.DEFINE_integer("num_processes", None, "With --distributed: how many processes (else $JAX_NUM_PROCESSES, "
+                       "else detected).", lower_bound=1)
+  flags.DEFINE_integer("process_id", None, "With --distributed: this process's index (else $JAX_PROCESS_ID, else "
+                       "detected).", lower_bound=0)
+  flags.DEFINE_integer("distributed_timeout_s", 300, "With --distributed: seconds to wait for every process to "
+                       "join.", lower_bound=1)
+  flags.DEFINE_integer("heartbeat_timeout_s", 100, "With --distributed: a process silent this long counts as dead "
+                       "and the others exit with an error instead of waiting for it.", lower_bound=1)
 
 
 def define_flags(settings_class, skip: tuple[str, ...] = (), choices: dict[str, list[str]] | None = None) -> None:
@@ -108,8 +120,6 @@ def engine_from_flags():
   from jaxloc.engine.engine import Engine
   from jaxloc.models.loading import load_model
 
-  if FLAGS.distributed:
-    mesh_lib.initialize_distributed()
   mesh = mesh_lib.make_mesh(FLAGS.model_parallel)
   dtype = None if FLAGS.dtype == "auto" else getattr(jnp, FLAGS.dtype)
   cache_dir = None if FLAGS.cache_dir == "none" else FLAGS.cache_dir
@@ -141,14 +151,50 @@ def _parse_flags(argv: list[str]) -> list[str]:
     sys.exit(EXIT_USER_ERROR)
 
 
+def _join_distributed() -> None:
+  """--distributed: join before anything touches a device (the task and the model load after)."""
+  from jaxloc.engine import mesh as mesh_lib
+
+  mesh_lib.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                                  timeout_s=FLAGS.distributed_timeout_s, heartbeat_timeout_s=FLAGS.heartbeat_timeout_s)
+
+
 def run(main: Callable[[list[str]], None]) -> None:
-  """absl's app.run with user errors turned into one line and exit status 2."""
+  """absl's app.run with user errors turned into one line and exit status 2.
+
+  In a multi-process run (--distributed) a failing process exits at once (`_leave_distributed`), so the others
+  see their collectives fail and exit too, instead of waiting in JAX's shutdown barrier for the heartbeat timeout.
+  """
 
   def wrapped(argv):
+    distributed = "distributed" in FLAGS and FLAGS.distributed
     try:
+      if distributed:
+        _join_distributed()
       main(argv)
     except UserError as e:
       print(f"error: {e}", file=sys.stderr)
+      if distributed:
+        _leave_distributed(EXIT_USER_ERROR)
       sys.exit(EXIT_USER_ERROR)
+    except Exception as e:  # noqa: BLE001 (any failure ends every process of a multi-process run)
+      if not distributed:
+        raise
+      import jax
+
+      logging.exception("process %d failed", jax.process_index())
+      print(f"error: process {jax.process_index()} of {jax.process_count()} failed ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); when a process dies, the others fail their next "
+            f"collective or miss its heartbeats for {FLAGS.heartbeat_timeout_s} s and exit. What process 0 saved is "
+            "kept: launch every process again with the same flags to resume.", file=sys.stderr)
+      _leave_distributed(1)
 
   app.run(wrapped, flags_parser=_parse_flags)
+
+
+def _leave_distributed(status: int) -> None:
+  """Exits now, skipping JAX's shutdown barrier (which would wait for processes that may be gone); every file
+  was already written atomically."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)

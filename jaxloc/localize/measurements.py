@@ -13,8 +13,8 @@ samples, design, seed, ...). A re-run whose settings differ is refused, naming t
 
 from __future__ import annotations
 
-import json
 import os
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -40,9 +40,14 @@ class MeasurementStore(Measured):
     self.baselines: dict[str, float] = {}
     self.doc_metrics: dict[str, np.ndarray] | None = {}
     self.doc_baselines: dict[str, np.ndarray] | None = {}
-    os.makedirs(output_dir, exist_ok=True)
-    self._check_settings()
-    self._load()
+    # Read as process 0 sees them (every process of a multi-process run resumes from the same point).
+    try:
+      saved = files.read_arrays(self.path)
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+      raise UserError(f"{self.path} is unreadable ({e}); move it away to start over") from None
+    self._check_settings(has_measurements=saved is not None)
+    if saved is not None:
+      self._load(saved)
 
   @property
   def path(self) -> str:
@@ -52,32 +57,27 @@ class MeasurementStore(Measured):
   def baseline(self) -> float | None:
     return self.baselines.get(self.metric)
 
-  def _check_settings(self) -> None:
+  def _check_settings(self, has_measurements: bool) -> None:
     path = os.path.join(self.output_dir, RUN_SETTINGS)
-    if os.path.exists(path):
-      with open(path) as f:
-        stored = json.load(f)
+    stored = files.read_json(path)
+    if stored is not None:
       differing = [k for k in sorted(set(stored) | set(self.settings)) if stored.get(k) != self.settings.get(k)]
-      if differing and os.path.exists(self.path):
+      if differing and has_measurements:
         details = "; ".join(f"--{k}: saved {stored.get(k)!r}, now {self.settings.get(k)!r}" for k in differing)
         raise UserError(f"{self.output_dir} holds measurements made with other settings ({details}); rerun with "
                         "the same flags to resume, or choose another --output_dir")
     files.write_json(path, self.settings)
 
-  def _load(self) -> None:
-    if not os.path.exists(self.path):
-      return
-    try:
-      with np.load(self.path) as data:
-        masks = data["masks"].astype(bool)
-        metrics = {k[len("metric_"):]: data[k].astype(np.float64) for k in data.files if k.startswith("metric_")}
-        baselines = {k[len("baseline_"):]: float(data[k]) for k in data.files if k.startswith("baseline_")}
-        doc_metrics = {k[len("docs_"):]: data[k].astype(np.float64) for k in data.files
-                       if k.startswith("docs_") and not k.startswith("docs_baseline_")}
-        doc_baselines = {k[len("docs_baseline_"):]: data[k].astype(np.float64) for k in data.files
-                         if k.startswith("docs_baseline_")}
-    except (OSError, ValueError, KeyError) as e:
-      raise UserError(f"{self.path} is unreadable ({e}); move it away to start over") from None
+  def _load(self, data: dict[str, np.ndarray]) -> None:
+    if "masks" not in data:
+      raise UserError(f"{self.path} is unreadable (it has no masks); move it away to start over")
+    masks = data["masks"].astype(bool)
+    metrics = {k[len("metric_"):]: v.astype(np.float64) for k, v in data.items() if k.startswith("metric_")}
+    baselines = {k[len("baseline_"):]: float(v) for k, v in data.items() if k.startswith("baseline_")}
+    doc_metrics = {k[len("docs_"):]: v.astype(np.float64) for k, v in data.items()
+                   if k.startswith("docs_") and not k.startswith("docs_baseline_")}
+    doc_baselines = {k[len("docs_baseline_"):]: v.astype(np.float64) for k, v in data.items()
+                     if k.startswith("docs_baseline_")}
     if masks.shape[1:] != self.shape:
       raise UserError(f"{self.path} holds masks of shape {masks.shape[1:]}, this model has {self.shape}")
     if len(masks) and self.metric not in metrics:  # a run killed after its baseline has no masks yet

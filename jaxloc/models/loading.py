@@ -172,7 +172,7 @@ class ConversionCache:
 
     def target(path, leaf):
       sharding = sharding_for("/".join(k.key for k in path), leaf.shape) if sharding_for else None
-      sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
       return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
 
     try:

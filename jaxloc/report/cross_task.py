@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from jaxloc import files  # noqa: E402
 from jaxloc.errors import UserError  # noqa: E402
 from jaxloc.report.summary import task_label  # noqa: E402
 
@@ -101,5 +102,5 @@ def plot(result: dict[str, Any], path: str) -> None:
   ax.set_title(f"Ablating one task's top heads: drop on every task ({os.path.basename(str(result['model']))})",
                fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=130)
+  files.save_figure(path, fig, dpi=130)
   plt.close(fig)

@@ -165,7 +165,7 @@ def plot_diagnostics(report: dict[str, Any], path: str, k: int) -> bool:
     ax.set_title(f"{t['task']}: saturation of the CS designs", fontsize=9)
     ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  files.save_figure(path, fig, dpi=120)
   plt.close(fig)
   return True
 
@@ -230,7 +230,7 @@ def plot(report: dict[str, Any], path: str, k: int) -> None:
   handles, labels = axes[0][1].get_legend_handles_labels()
   fig.legend(handles, labels, loc="center right", fontsize=8, frameon=False)
   fig.tight_layout(rect=(0, 0, 0.78, 1))
-  fig.savefig(path, dpi=120)
+  files.save_figure(path, fig, dpi=120)
   plt.close(fig)
 
 
@@ -241,11 +241,10 @@ def plot(report: dict[str, Any], path: str, k: int) -> None:
 def write_outputs(report: dict[str, Any], output_dir: str, k: int) -> str:
   """efficiency.json, efficiency.md, efficiency.png (and efficiency_diagnostics.png when a task has the
   noise-floor figures) in output_dir; returns the tables."""
-  os.makedirs(output_dir, exist_ok=True)
   files.write_json(os.path.join(output_dir, "efficiency.json"), report)
   tables = format_tables(report, k)
-  with open(os.path.join(output_dir, "efficiency.md"), "w") as f:
-    f.write(tables + "\n\n## All tasks\n\n" + cross_task_tables(report, k) + "\n")
+  files.write_text(os.path.join(output_dir, "efficiency.md"),
+                   tables + "\n\n## All tasks\n\n" + cross_task_tables(report, k) + "\n")
   plot(report, os.path.join(output_dir, "efficiency.png"), k)
   plot_diagnostics(report, os.path.join(output_dir, "efficiency_diagnostics.png"), k)
   return tables + f"\noutputs in {output_dir}"

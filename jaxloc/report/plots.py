@@ -4,7 +4,6 @@ and the specificity curve (target drop against the largest general drop, selecte
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -14,6 +13,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from jaxloc import files  # noqa: E402
 from jaxloc.report.summary import task_label  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def heatmap(coefficients: np.ndarray, heads: dict[str, Any], path: str) -> None:
                + (" (bootstrap selection frequency)" if heads.get("confidence") else "")
                + (", x: universal" if heads.get("universal_heads") else ""), fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=130)
+  files.save_figure(path, fig, dpi=130)
   plt.close(fig)
 
 
@@ -68,7 +68,7 @@ def ablation_curve(ablation: dict[str, Any], path: str) -> None:
   ax.legend(fontsize=8)
   ax.set_title("Ablating the selected heads: target task vs general tasks", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=130)
+  files.save_figure(path, fig, dpi=130)
   plt.close(fig)
 
 
@@ -104,23 +104,20 @@ def specificity_curve(ablation: dict[str, Any], path: str) -> None:
   ax.legend(fontsize=8)
   ax.set_title("Specificity curve: target drop vs the largest general-task drop", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=130)
+  files.save_figure(path, fig, dpi=130)
   plt.close(fig)
 
 
 def write_plots(output_dir: str) -> list[str]:
   """Draws every plot a run's outputs allow; returns the paths written."""
   written = []
-  with open(os.path.join(output_dir, "heads.json")) as f:
-    heads = json.load(f)
-  coefficients = np.load(os.path.join(output_dir, "coefficients.npy"))
+  heads = files.read_json(os.path.join(output_dir, "heads.json"))
+  coefficients = files.read_array(os.path.join(output_dir, "coefficients.npy"))
   path = os.path.join(output_dir, "heatmap.png")
   heatmap(coefficients, heads, path)
   written.append(path)
-  ablation_path = os.path.join(output_dir, "ablation.json")
-  if os.path.exists(ablation_path):
-    with open(ablation_path) as f:
-      ablation = json.load(f)
+  ablation = files.read_json(os.path.join(output_dir, "ablation.json"))
+  if ablation is not None:
     for draw, file in ((ablation_curve, "ablation_curve.png"), (specificity_curve, "specificity_curve.png")):
       path = os.path.join(output_dir, file)
       draw(ablation, path)

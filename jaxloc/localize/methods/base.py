@@ -175,9 +175,8 @@ class Context:
     if name in self._memory:
       return self._memory[name]
     path = os.path.join(self.directory, f"{name}.npy") if self.directory else None
-    if path and os.path.exists(path):
-      value = np.load(path)
-    else:
+    value = files.read_array(path) if path else None
+    if value is None:
       value = np.asarray(compute())
       if path:
         files.save_array(path, value)

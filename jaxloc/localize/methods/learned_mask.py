@@ -112,8 +112,8 @@ def train(settings, context: Context, progress: bool = True) -> dict[str, np.nda
   losses = np.zeros((settings.mask_steps, num_configs))
   start_step, seconds = 0, 0.0
   path = os.path.join(context.directory, STATE_FILE) if context.directory else None
-  if path and os.path.exists(path):
-    saved = np.load(path)
+  saved = files.read_arrays(path) if path else None
+  if saved is not None:
     leaves, treedef = jax.tree_util.tree_flatten((log_alpha, state))
     if int(saved["num_leaves"]) != len(leaves) or saved["log_alpha"].shape != log_alpha.shape:
       raise UserError(f"{path} was written by other learned-mask settings; choose another --output_dir")
