@@ -125,7 +125,8 @@ def test_two_processes_equal_one_process_and_only_process_0_writes(tiny_model_di
 
 def test_a_killed_process_ends_the_run_and_a_relaunch_resumes(tiny_model_dir, capitals_jsonl, tmp_path):
   out = str(tmp_path / "run")
-  args = _localize_args(tiny_model_dir, capitals_jsonl, out, "--num_masks=400", "--validate=false", "--bootstrap=0")
+  settings = ["--num_masks=400", "--validate=false", "--bootstrap=0", "--general_tasks=counting", "--general_samples=6"]
+  args = _localize_args(tiny_model_dir, capitals_jsonl, out, *settings)
   procs = _start("experiments.localize", [args, args])
   deadline = time.monotonic() + 240
   while _saved(out) < 40:
@@ -148,8 +149,7 @@ def test_a_killed_process_ends_the_run_and_a_relaunch_resumes(tiny_model_dir, ca
   masks, scores = _measured(out)
   assert len(scores) == 400
   single_out = str(tmp_path / "single")
-  single = _single("experiments.localize", _localize_args(tiny_model_dir, capitals_jsonl, single_out, "--num_masks=400",
-                                                          "--validate=false", "--bootstrap=0"),
+  single = _single("experiments.localize", _localize_args(tiny_model_dir, capitals_jsonl, single_out, *settings),
                    2 * DEVICES_PER_PROCESS)
   assert single.returncode == 0, single.stderr[-3000:]
   masks_single, scores_single = _measured(single_out)
