@@ -1,0 +1,101 @@
+"""The batch planner's memory estimate against XLA's own accounting of the compiled scoring step.
+
+For a model config and a task shape, `plan` picks masks and requests per call as the engine does
+(`batching.plan_scoring`), and `xla_bytes` compiles the engine's two jitted scoring functions at exactly that
+shape with abstract parameters (nothing is allocated, so an 8B model compiles on a laptop) and reads
+`compiled.memory_analysis()`. The activation bytes of a step are what it needs beyond the parameters:
+
+  prefix call   temp + outputs (the prefix keys/values of every mask)
+  scoring call  temp + outputs + its non-parameter arguments (tokens, masks, and those prefix keys/values)
+
+and the step's peak is the larger of the two (the keys/values are alive in both). The planner must never be under
+that peak and should be within 25% over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxloc.engine import batching, scoring
+from jaxloc.models.config import ModelConfig
+from jaxloc.models.layers import Context
+from jaxloc.models.llama import Transformer
+
+GIB = batching.GIB
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskShape:
+  """A request set as the planner sees it: suffix tokens after the shared prefix, the prefix, targets."""
+
+  name: str
+  num_requests: int
+  mean_seq: float
+  max_seq: int
+  context: int
+  targets: int
+
+
+def param_bytes(config: ModelConfig, dtype) -> int:
+  return sum(int(np.prod(leaf.shape)) * jnp.dtype(dtype).itemsize for leaf in jax.tree.leaves(_params(config, dtype)))
+
+
+@functools.lru_cache(maxsize=None)
+def _params(config: ModelConfig, dtype):
+  module = Transformer(config, param_dtype=dtype)
+  tokens = jnp.zeros((1, 1, 1), jnp.int32)
+  return jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), tokens, tokens)["params"])
+
+
+def plan(config: ModelConfig, shape: TaskShape, dtype, memory_budget: int, tokens_per_batch: int,
+         num_masks: int = 4096) -> batching.ScoringBatches:
+  """The engine's plan for `shape` (the same call `Engine.prepare` makes)."""
+  return batching.plan_scoring(
+      config, num_masks=num_masks, num_requests=shape.num_requests, mean_seq=shape.mean_seq,
+      max_seq=batching.bucket(shape.max_seq), context=shape.context, max_targets=shape.targets,
+      dtype_bytes=jnp.dtype(dtype).itemsize, tokens_per_batch=tokens_per_batch, memory_budget=memory_budget)
+
+
+def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, context: int, targets: int
+              ) -> dict[str, int]:
+  """XLA's activation bytes of one scoring step at this shape (see the module docstring)."""
+  module = Transformer(config, param_dtype=dtype)
+  params = _params(config, dtype)
+  sds = jax.ShapeDtypeStruct
+  head_mask = sds((masks, config.num_layers, config.num_heads), dtype)
+  targets = batching.bucket_pow2(targets)
+  seq = batching.bucket(seq)
+  rows = [sds((requests, seq), jnp.int32), sds((requests, seq), jnp.int32), sds((requests, targets), jnp.int32),
+          sds((requests, targets), jnp.int32), sds((requests, targets), jnp.bool_)]
+  result = {"prefix": 0, "scoring": 0}
+  kv = None
+  if context:
+    prefix_fn = jax.jit(functools.partial(scoring.prefix_context, module, dtype=dtype))
+    compiled = prefix_fn.lower(params, head_mask, None, sds((context,), jnp.int32)).compile()
+    analysis = compiled.memory_analysis()
+    result["prefix"] = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
+    kv_shape = (config.num_layers, masks, context, config.num_kv_heads, config.head_dim)
+    kv = Context(sds(kv_shape, dtype), sds(kv_shape, dtype), sds((masks, 1, context), jnp.bool_))
+  score_fn = jax.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
+  compiled = score_fn.lower(params, head_mask, None, kv, *rows).compile()
+  analysis = compiled.memory_analysis()
+  arguments = int(analysis.argument_size_in_bytes) - param_bytes(config, dtype)
+  result["scoring"] = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes + arguments)
+  result["peak"] = max(result["prefix"], result["scoring"])
+  return result
+
+
+def compare(config: ModelConfig, shape: TaskShape, dtype, masks: int, requests: int) -> dict[str, Any]:
+  """The planner's estimate and XLA's bytes at one call shape; ratio = estimate / XLA."""
+  estimate = batching.activation_bytes(config, masks, requests, batching.bucket(shape.max_seq), shape.context,
+                                       batching.bucket_pow2(shape.targets), jnp.dtype(dtype).itemsize)
+  measured = xla_bytes(config, dtype, masks, requests, shape.max_seq, shape.context, shape.targets)
+  return {"task": shape.name, "masks": masks, "requests": requests, "estimate_bytes": estimate,
+          "xla_bytes": measured["peak"], "xla_prefix_bytes": measured["prefix"],
+          "xla_scoring_bytes": measured["scoring"], "ratio": estimate / measured["peak"]}

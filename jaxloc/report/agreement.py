@@ -1,0 +1,83 @@
+"""How far two localization runs of the same question agree: bfloat16 against float32, two seeds, two machines.
+
+Takes two finished runs (`jaxloc.read_run`) and compares what a researcher would act on: the ranked heads (top-k
+overlap), the coefficients (Spearman rank correlation, largest difference), the scores of every mask both runs
+measured, the baselines, and the held-out drop of each run's selection.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from jaxloc.bench.diagnostics import spearman
+
+
+def agreement(a, b, ks: Sequence[int] = (5, 10)) -> dict[str, Any]:
+  """a, b: `jaxloc.api.Run`s (read_run) of the same model, task and metric."""
+  ranked = [[h["name"] for h in run.heads] for run in (a, b)]
+  result: dict[str, Any] = {
+      "runs": [a.directory, b.directory],
+      "dtypes": [_dtype(run) for run in (a, b)],
+      "top_k": [a.top_k, b.top_k],
+      "top_k_overlap": {str(k): len(set(ranked[0][:k]) & set(ranked[1][:k])) for k in ks},
+      "selection_overlap": len(set(a.top_k) & set(b.top_k)),
+      "baseline_difference": _difference(a.info["baseline"], b.info["baseline"]),
+  }
+  if a.coefficients is not None and b.coefficients is not None:
+    ca, cb = np.ravel(a.coefficients), np.ravel(b.coefficients)
+    result["coefficient_spearman"] = spearman(ca, cb)
+    result["max_coefficient_difference"] = float(np.abs(ca - cb).max())
+    result["max_abs_coefficient"] = float(max(np.abs(ca).max(), np.abs(cb).max()))
+  if a.masks is not None and b.masks is not None:
+    common, difference = _common_masks(a, b)
+    result["common_masks"] = common
+    result["max_score_difference"] = difference
+  drops = [(run.ablation or {}).get("held_out", {}).get("task_relative_drop") for run in (a, b)]
+  result["held_out_task_relative_drop"] = drops
+  result["seconds_per_mask"] = [(run.info.get("timing") or {}).get("seconds_per_mask") for run in (a, b)]
+  return result
+
+
+def _dtype(run) -> str | None:
+  return (run.info.get("engine") or {}).get("dtype")
+
+
+def _difference(x, y) -> float | None:
+  return None if x is None or y is None else float(abs(x - y))
+
+
+def _common_masks(a, b) -> tuple[int, float | None]:
+  """How many masks both runs measured, and the largest difference of their scores."""
+  index = {m.tobytes(): i for i, m in enumerate(np.asarray(b.masks, bool))}
+  pairs = [(i, index[m.tobytes()]) for i, m in enumerate(np.asarray(a.masks, bool)) if m.tobytes() in index]
+  if not pairs:
+    return 0, None
+  ia, ib = np.array(pairs).T
+  return len(pairs), float(np.abs(np.asarray(a.scores)[ia] - np.asarray(b.scores)[ib]).max())
+
+
+def markdown(result: dict[str, Any]) -> str:
+  """The comparison as a two-column table."""
+  names = [label or run for label, run in zip(result["dtypes"], result["runs"])]
+  rows = [("selected heads", *[", ".join(t) for t in result["top_k"]])]
+  rows += [(f"top-{k} overlap", f"{v} of {k}", "") for k, v in result["top_k_overlap"].items()]
+  rows.append(("selection overlap", f"{result['selection_overlap']} of {len(result['top_k'][0])}", ""))
+  if "coefficient_spearman" in result:
+    rows.append(("coefficient rank correlation (Spearman)", f"{result['coefficient_spearman']:.3f}", ""))
+    rows.append(("largest coefficient difference", f"{result['max_coefficient_difference']:.4g}",
+                 f"(largest |coefficient| {result['max_abs_coefficient']:.4g})"))
+  if result.get("common_masks"):
+    rows.append(("largest score difference, same mask", f"{result['max_score_difference']:.4g}",
+                 f"over {result['common_masks']} masks both measured"))
+  if result["baseline_difference"] is not None:
+    rows.append(("baseline difference", f"{result['baseline_difference']:.4g}", ""))
+  drops = result["held_out_task_relative_drop"]
+  if all(d is not None for d in drops):
+    rows.append(("held-out task drop of the selection", *[f"{100 * d:.1f}%" for d in drops]))
+  spm = result["seconds_per_mask"]
+  if all(s is not None for s in spm):
+    rows.append(("seconds per mask", *[f"{s:.2f}" for s in spm]))
+  header = f"| | {names[0]} | {names[1]} |\n|---|---|---|"
+  return header + "\n" + "\n".join(f"| {r[0]} | {r[1]} | {r[2]} |" for r in rows)
