@@ -42,6 +42,38 @@ class TaskShape:
   targets: int
 
 
+def task_shape(name: str, tokenizer, num_samples: int = 100, max_positions: int = 8192) -> TaskShape:
+  """The shape of a registered task's scoring requests (its first `num_samples` documents) under `tokenizer`."""
+  from jaxloc.tasks.registry import get_task
+
+  task = get_task(name)
+  requests = task.requests(task.load_docs(num_samples=num_samples), tokenizer)
+  tokenized = scoring.tokenize(tokenizer, requests, max_positions)
+  prefix = scoring.shared_prefix_length(tokenized)
+  suffixes = np.array([len(s) - prefix for s in tokenized.sequences])
+  return TaskShape(name, len(requests), float(suffixes.mean()), int(suffixes.max()), prefix,
+                   int(tokenized.num_targets.max()))
+
+
+# Longer request sets than the embedded tasks have, shaped like the paper's benchmarks under a Llama-3 tokenizer.
+LONG_SHAPES = (TaskShape("zero_shot_long (MMLU-like)", 400, 350.0, 700, 0, 1),
+               TaskShape("few_shot_long (8-shot GSM8K-like)", 200, 150.0, 250, 900, 128))
+
+
+def device_budget(device_bytes: int, params: int, model_parallel: int = 1) -> int:
+  """The engine's default activation budget on an accelerator with `device_bytes` (its `bytes_limit`) once a
+  1/model_parallel share of the parameters is placed (`batching.accelerator_budget`)."""
+  return batching.accelerator_budget(device_bytes, params // model_parallel)
+
+
+def min_model_parallel(device_bytes: int, params: int) -> int:
+  """The smallest power-of-two tensor-parallel size whose parameter share leaves half the device free."""
+  n = 1
+  while params / n > 0.5 * device_bytes:
+    n *= 2
+  return n
+
+
 def param_bytes(config: ModelConfig, dtype) -> int:
   return sum(int(np.prod(leaf.shape)) * jnp.dtype(dtype).itemsize for leaf in jax.tree.leaves(_params(config, dtype)))
 
