@@ -28,6 +28,7 @@ flags.DEFINE_list("presets", list(PRESETS), "Preset shapes (random:<preset>).")
 flags.DEFINE_list("tasks", ["plurals", "arithmetic_1d_4shot", "induction", "counting"],
                   "Embedded tasks whose request shapes are planned (plus the long synthetic shapes).")
 flags.DEFINE_bool("long_shapes", True, "Also plan the long synthetic shapes (MMLU-like, 8-shot GSM8K-like).")
+flags.DEFINE_bool("stress", True, "Also compare at fixed call shapes at the corners (jaxloc.bench.memory.STRESS_CALLS).")
 flags.DEFINE_string("output_json", None, "Where to write the figures.")
 
 GPU_BYTES = int(0.75 * 80e9)  # an 80 GB GPU's bytes_limit under XLA's default 75% preallocation
@@ -70,7 +71,17 @@ def main(argv):
                          "requests_per_call": plan.requests_per_call, "estimated_gib": plan.estimated_bytes / memory.GIB}
       batches.append(batch)
   ratios = [r["ratio"] for r in rows]
-  print(f"\nestimate / XLA over {len(rows)} planned calls: min {min(ratios):.2f}, max {max(ratios):.2f}")
+  print(f"\nestimate / XLA over {len(rows)} planned calls: min {min(ratios):.3f}, max {max(ratios):.3f}")
+  stress = []
+  if FLAGS.stress:
+    for preset in FLAGS.presets:
+      for masks, requests, seq, context, targets in memory.STRESS_CALLS:
+        shape = memory.TaskShape(f"{requests}x{seq} after {context}, {targets} targets", requests, seq, seq, context,
+                                 targets)
+        stress.append(dict(memory.compare(PRESETS[preset], shape, jnp.float32, masks, requests), preset=preset))
+    stress_ratios = [r["ratio"] for r in stress]
+    print(f"estimate / XLA over {len(stress)} stress call shapes: min {min(stress_ratios):.3f}, "
+          f"max {max(stress_ratios):.3f}")
   print("\nbatches per call in bfloat16 (masks x requests; model_parallel where the parameters need it):")
   print(f"{'preset':14s} {'task':36s} {'80 GB GPU':>14s} {'16 GiB TPU core':>18s}")
   for b in batches:
@@ -78,8 +89,8 @@ def main(argv):
         f" (mp {b[d]['model_parallel']})" if b[d]["model_parallel"] > 1 else "") for d in ("gpu80", "tpu16")]
     print(f"{b['preset']:14s} {b['task']:36s} {cells[0]:>14s} {cells[1]:>18s}")
   if FLAGS.output_json:
-    files.write_json(FLAGS.output_json, {"backend": jax.default_backend(), "comparisons": rows, "batches": batches,
-                                         "min_ratio": min(ratios), "max_ratio": max(ratios)})
+    files.write_json(FLAGS.output_json, {"backend": jax.default_backend(), "comparisons": rows, "stress": stress,
+                                         "batches": batches, "min_ratio": min(ratios), "max_ratio": max(ratios)})
 
 
 if __name__ == "__main__":

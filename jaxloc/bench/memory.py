@@ -60,6 +60,13 @@ LONG_SHAPES = (TaskShape("zero_shot_long (MMLU-like)", 400, 350.0, 700, 0, 1),
                TaskShape("few_shot_long (8-shot GSM8K-like)", 200, 150.0, 250, 900, 128))
 
 
+# Call shapes (masks, requests, suffix tokens, prefix tokens, targets) at the corners the planned calls miss:
+# long sequences, long prefixes, many targets, many masks.
+STRESS_CALLS = ((1, 16, 512, 0, 1), (4, 16, 512, 0, 1), (2, 8, 256, 512, 1), (4, 64, 64, 64, 1), (4, 64, 16, 64, 8),
+                (16, 100, 8, 16, 2), (64, 100, 8, 16, 2), (8, 32, 32, 256, 4), (32, 16, 128, 0, 1),
+                (2, 4, 1024, 0, 1), (8, 100, 16, 40, 4), (1, 1, 64, 2048, 1), (4, 8, 64, 1024, 8))
+
+
 def device_budget(device_bytes: int, params: int, model_parallel: int = 1) -> int:
   """The engine's default activation budget on an accelerator with `device_bytes` (its `bytes_limit`) once a
   1/model_parallel share of the parameters is placed (`batching.accelerator_budget`)."""

@@ -75,25 +75,28 @@ def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, c
   """Peak bytes beyond the parameters of one scoring step (the prefix call, then the scoring call).
 
   Layers are scanned, so one layer is live at a time, in one of two phases whose buffers XLA reuses for each
-  other: attention (per token row: half a residual, q/k/v before and after rotation; three float32 copies of the
-  attention scores) or the MLP (a residual and three intermediate-size rows), plus the scan's slice of one
-  layer's MLP weights. After the layers, the logits phase holds the float32 logits of the scored positions and
-  three copies of the final hidden rows. The prefix keys/values (counted 1.5 times: the scan stacks them) stay
-  live through both calls. The coefficients are XLA's own buffer assignment (`compiled.memory_analysis()`,
-  `experiments.benchmark_memory`), which this stays at or above, by at most about 25%.
+  other, each with the scan's slice of that layer's weights: attention (per token row, part of the residual and
+  q/k/v before and after rotation; three float32 copies of the attention scores) or the MLP (a residual and two
+  intermediate-size rows; with many rows, two residuals and three intermediate rows outlast the weight slice).
+  After the layers, the logits phase holds the float32 logits of the scored positions and the final hidden rows.
+  The prefix keys/values (counted 1.5 times: the scan stacks them) stay live through both calls. The coefficients
+  follow XLA's own buffer assignment (`compiled.memory_analysis()`): over 124 shapes of 6 presets
+  (`experiments.benchmark_memory`) the estimate is never under it and at most 25% over.
   """
   c = config
   kv_dims = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-  layer_weights = 3 * c.hidden_size * c.intermediate_size * dtype_bytes
+  weights = (3 * c.hidden_size * c.intermediate_size + c.hidden_size * kv_dims
+             + c.num_heads * c.head_dim * c.hidden_size) * dtype_bytes
   prefix_kv = 3 * c.num_layers * masks * context * c.num_kv_heads * c.head_dim * dtype_bytes  # 1.5 x (k and v)
 
   def layer(rows: int, score_elements: int) -> int:
-    attention = rows * (c.hidden_size // 2 + 2 * kv_dims) * dtype_bytes + 3 * score_elements * 4
-    mlp = rows * (c.hidden_size + 3 * c.intermediate_size) * dtype_bytes
-    return layer_weights + max(attention, mlp)
+    attention = weights + rows * (3 * c.hidden_size // 5 + 2 * kv_dims) * dtype_bytes + 3 * score_elements * 4
+    mlp = max(weights + rows * (c.hidden_size + 2 * c.intermediate_size) * dtype_bytes,
+              rows * (2 * c.hidden_size + 3 * c.intermediate_size) * dtype_bytes)
+    return max(attention, mlp)
 
   rows = masks * requests * seq
-  logits = masks * requests * targets * c.vocab_size * 4 + 3 * rows * c.hidden_size * dtype_bytes
+  logits = masks * requests * targets * c.vocab_size * 4 + rows * c.hidden_size * dtype_bytes
   scoring = prefix_kv + max(layer(rows, rows * c.num_heads * (seq + context)), logits)
   prefix = prefix_kv + layer(masks * context, masks * c.num_heads * context * context) if context else 0
   return max(scoring, prefix)
