@@ -106,6 +106,11 @@ def test_two_processes_equal_one_process_and_only_process_0_writes(tiny_model_di
   # Both processes print the same report (every process computes everything).
   assert results[0][1].split("rank")[1] == results[1][1].split("rank")[1]
   print(f"2 processes x {DEVICES_PER_PROCESS} devices: {wall:.1f} s wall, measurements equal to 1 process")
+  compared = run_cli("experiments.compare_runs", f"--runs={one},{two}", f"--output_json={tmp_path / 'compare.json'}")
+  assert compared.returncode == 0, compared.stderr[-2000:]
+  agreement = json.load(open(tmp_path / "compare.json"))
+  assert agreement["top_k_overlap"] == {"5": 5, "10": 10} and agreement["coefficient_spearman"] == pytest.approx(1.0)
+  assert agreement["max_score_difference"] <= 1e-6 and "| top-5 overlap | 5 of 5 |" in compared.stdout
 
   evaluate = [f"--model={tiny_model_dir}", f"--task={capitals_jsonl}", "--cache_dir=none",
               f"--heads={','.join(heads_one['top_k'][:2])}", "--ablation=mean"]

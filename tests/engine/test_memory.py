@@ -1,0 +1,30 @@
+"""The batch planner's estimate against XLA's own accounting of the compiled scoring call (abstract parameters,
+nothing allocated): never under it, at most 25% over, at the shapes a run plans and at the corners."""
+
+import jax.numpy as jnp
+import pytest
+
+from jaxloc.bench import memory
+from jaxloc.engine import batching
+from jaxloc.models.presets import PRESETS
+
+PLURALS = memory.TaskShape("plurals", 100, 3.43, 5, 16, 2)
+LONG = memory.TaskShape("long prefix", 8, 64, 64, 1024, 8)
+
+
+@pytest.mark.parametrize("preset,shape,tokens", [("smollm2-135m", PLURALS, 2048), ("smollm2-135m", PLURALS, 65536),
+                                                 ("smollm2-135m", LONG, 2048), ("llama-3.2-1b", PLURALS, 2048)])
+def test_planned_calls_are_within_25_percent_above_xla(preset, shape, tokens):
+  config = PRESETS[preset]
+  plan = memory.plan(config, shape, jnp.float32, 8 * memory.GIB, tokens)
+  row = memory.compare(config, shape, jnp.float32, plan.masks_per_call, plan.requests_per_call)
+  assert row["estimate_bytes"] == plan.estimated_bytes
+  assert 1.0 <= row["ratio"] <= 1.25, row
+
+
+def test_the_planner_shrinks_a_call_to_the_budget():
+  config = PRESETS["smollm2-135m"]
+  big = memory.plan(config, PLURALS, jnp.float32, 8 * memory.GIB, 65536)
+  small = memory.plan(config, PLURALS, jnp.float32, big.estimated_bytes // 4, 65536)
+  assert small.masks_per_call < big.masks_per_call and small.estimated_bytes <= big.estimated_bytes // 4
+  assert batching.accelerator_budget(10 * memory.GIB, 2 * memory.GIB) == int(0.6 * 8 * memory.GIB)
