@@ -77,11 +77,11 @@ def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, c
   Layers are scanned, so one layer is live at a time, in one of two phases whose buffers XLA reuses for each
   other, each with the scan's slice of that layer's weights: attention (per token row, part of the residual and
   q/k/v before and after rotation; three float32 copies of the attention scores) or the MLP (a residual and two
-  intermediate-size rows; with many rows, two residuals and three intermediate rows outlast the weight slice).
+  intermediate-size rows; with many rows, 2.5 residuals and three intermediate rows outlast the weight slice).
   After the layers, the logits phase holds the float32 logits of the scored positions and the final hidden rows.
   The prefix keys/values (counted 1.5 times: the scan stacks them) stay live through both calls. The coefficients
-  follow XLA's own buffer assignment (`compiled.memory_analysis()`): over 124 shapes of 6 presets
-  (`experiments.benchmark_memory`) the estimate is never under it and at most 25% over.
+  follow XLA's own buffer assignment (`compiled.memory_analysis()`), checked by `experiments.benchmark_memory`
+  over the planned calls and corner shapes of six presets: never under it, at most ~25% over.
   """
   c = config
   kv_dims = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
@@ -90,9 +90,9 @@ def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, c
   prefix_kv = 3 * c.num_layers * masks * context * c.num_kv_heads * c.head_dim * dtype_bytes  # 1.5 x (k and v)
 
   def layer(rows: int, score_elements: int) -> int:
-    attention = weights + rows * (3 * c.hidden_size // 5 + 2 * kv_dims) * dtype_bytes + 3 * score_elements * 4
+    attention = weights + rows * (7 * c.hidden_size // 10 + 2 * kv_dims) * dtype_bytes + 3 * score_elements * 4
     mlp = max(weights + rows * (c.hidden_size + 2 * c.intermediate_size) * dtype_bytes,
-              rows * (2 * c.hidden_size + 3 * c.intermediate_size) * dtype_bytes)
+              rows * (5 * c.hidden_size // 2 + 3 * c.intermediate_size) * dtype_bytes)
     return max(attention, mlp)
 
   rows = masks * requests * seq
