@@ -28,6 +28,9 @@ def define_model_flags() -> None:
                       "a .gguf file, a local HF directory, or an HF hub id.")
   flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
                     "Parameter/compute dtype; auto = float32 on CPU, bfloat16 on accelerators.")
+  flags.DEFINE_enum("activation_dtype", "auto", ["auto", "float32", "bfloat16"],
+                    "Activation dtype (residual stream and matmul inputs); auto = --dtype. float32 with "
+                    "--dtype=bfloat16 keeps bfloat16 weights in memory and computes in float32.")
   flags.DEFINE_string("cache_dir", "", "Cache of converted parameters and tokenizers; empty = $JAXLOC_CACHE "
                       "or ~/.cache/jaxloc; 'none' disables it.")
   flags.DEFINE_float("memory_budget_gb", None, "Activation memory per compiled call (default: 60% of free "
@@ -128,8 +131,10 @@ def engine_from_flags():
   logging.info("loaded %s (%d layers x %d heads) in %.1fs", FLAGS.model, model.config.num_layers,
                model.config.num_heads, model.load_seconds)
   budget = int(FLAGS.memory_budget_gb * 1024**3) if FLAGS.memory_budget_gb else None
+  activation_dtype = None if FLAGS.activation_dtype == "auto" else getattr(jnp, FLAGS.activation_dtype)
   return Engine(model, mesh=mesh, memory_budget_bytes=budget, tokens_per_batch=FLAGS.tokens_per_batch,
-                share_prefix=FLAGS.share_prefix, generation_batch=FLAGS.generation_batch)
+                share_prefix=FLAGS.share_prefix, generation_batch=FLAGS.generation_batch,
+                activation_dtype=activation_dtype)
 
 
 def parse_options(values: list[str] | None) -> dict[str, str]:

@@ -50,7 +50,7 @@ class Engine:
 
   def __init__(self, model: LoadedModel, *, mesh: jax.sharding.Mesh | None = None,
                memory_budget_bytes: int | None = None, tokens_per_batch: int | None = None,
-               share_prefix: bool = True, generation_batch: int | None = None):
+               share_prefix: bool = True, generation_batch: int | None = None, activation_dtype=None):
     self.model = model
     self.config = model.config
     self.mesh = mesh or mesh_lib.make_mesh()
@@ -59,13 +59,15 @@ class Engine:
     self.tokens_per_batch = tokens_per_batch or batching.default_tokens_per_batch()
     self.share_prefix = share_prefix
     self.generation_batch = generation_batch
-    self.dtype = model.dtype
+    # Activations (residual stream, every matmul's inputs) in `activation_dtype`; the parameters stay in the model's
+    # dtype in memory and are cast per layer (bfloat16 weights with a float32 residual stream).
+    self.dtype = activation_dtype or model.dtype
     self.params = mesh_lib.shard_params(model.params, self.mesh)
     self.stats = EngineStats()
     self._layouts: dict = {}
     self._stop_cache: dict = {}
     self._token_strings: list[str] | None = None
-    module, config, dtype = model.module, model.config, model.dtype
+    module, config, dtype = model.module, model.config, self.dtype
     self._prefix_fn = jax.jit(functools.partial(scoring.prefix_context, module, dtype=dtype))
     self._score_fn = jax.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
     self._generate_fn = jax.jit(functools.partial(generation.greedy_generate, module, config, dtype=dtype),

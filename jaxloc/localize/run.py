@@ -216,7 +216,8 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
   payload = _heads_json(settings, c.num_heads, found, excluded, conf, measuring, confirming)
   payload.update(num_layers=c.num_layers, timing=timing,
                  engine={"compilations": engine.compile_count - compiled_before,
-                         "seconds_per_mask": timing.get("seconds_per_mask"), "dtype": np.dtype(engine.dtype).name,
+                         "seconds_per_mask": timing.get("seconds_per_mask"), "dtype": np.dtype(engine.model.dtype).name,
+                         "activation_dtype": np.dtype(engine.dtype).name,
                          "devices": engine.mesh.size, "processes": jax.process_count()})
   files.write_json(os.path.join(settings.output_dir, "heads.json"), payload)
   return payload

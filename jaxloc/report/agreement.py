@@ -41,7 +41,10 @@ def agreement(a, b, ks: Sequence[int] = (5, 10)) -> dict[str, Any]:
 
 
 def _dtype(run) -> str | None:
-  return (run.info.get("engine") or {}).get("dtype")
+  """"bfloat16", or "bfloat16 weights, float32 activations" where they differ."""
+  engine = run.info.get("engine") or {}
+  weights, activations = engine.get("dtype"), engine.get("activation_dtype")
+  return weights if activations in (None, weights) else f"{weights} weights, {activations} activations"
 
 
 def _difference(x, y) -> float | None:
@@ -67,7 +70,7 @@ def markdown(result: dict[str, Any]) -> str:
   if "coefficient_spearman" in result:
     rows.append(("coefficient rank correlation (Spearman)", f"{result['coefficient_spearman']:.3f}", ""))
     rows.append(("largest coefficient difference", f"{result['max_coefficient_difference']:.4g}",
-                 f"(largest |coefficient| {result['max_abs_coefficient']:.4g})"))
+                 f"(largest absolute coefficient {result['max_abs_coefficient']:.4g})"))
   if result.get("common_masks"):
     rows.append(("largest score difference, same mask", f"{result['max_score_difference']:.4g}",
                  f"over {result['common_masks']} masks both measured"))
