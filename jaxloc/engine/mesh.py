@@ -138,8 +138,12 @@ def shard_params(params, mesh: Mesh):
   sharding_for = param_sharding_for(mesh)
 
   def place(path, leaf):
-    name = "/".join(k.key for k in path)
-    return jax.device_put(leaf, sharding_for(name, leaf.shape))
+    sharding = sharding_for("/".join(k.key for k in path), leaf.shape)
+    if jax.process_count() == 1 or (isinstance(leaf, jax.Array) and not leaf.is_fully_addressable):
+      return jax.device_put(leaf, sharding)
+    # Several processes, a process-local value (numpy, or on one local device, as a restored cache gives): every
+    # process holds it in full, so each places its own shards (devices cannot send to other hosts' devices).
+    return put(np.asarray(leaf), sharding)
 
   return jax.tree_util.tree_map_with_path(place, params)
 

@@ -231,6 +231,12 @@ def load_model(spec: str, *, dtype=None, cache_dir: str | None = "", sharding_fo
     kind = "hf_dir"
   if cache_dir == "":
     cache_dir = default_cache_dir()
+  if cache_dir and jax.distributed.is_initialized():
+    # In a multi-process run orbax checkpoints are collective (every process restores or saves together), which
+    # hosts with different cache contents cannot promise, and processes sharing a disk would race on it: every
+    # process converts from the source instead.
+    log.info("conversion cache off in a multi-process run: converting %s", path)
+    cache_dir = None
   cache = ConversionCache(cache_dir, path, dtype) if cache_dir else None
   config = cache.config() if cache else None
   if config is None and kind == "gguf":

@@ -84,9 +84,11 @@ def test_two_processes_equal_one_process_and_only_process_0_writes(tiny_model_di
   assert single.returncode == 0, single.stderr[-3000:]
 
   # Process 1 is given its own --output_dir only to show that it writes nothing (shared or not).
-  two, elsewhere = str(tmp_path / "two"), str(tmp_path / "process1")
+  # The multi-process runs leave the conversion cache alone (orbax checkpoints are collective): a --cache_dir is given
+  # and a single-process run filled it before the multi-process evaluate runs.
+  two, elsewhere, cache = str(tmp_path / "two"), str(tmp_path / "process1"), f"--cache_dir={tmp_path / 'cache'}"
   start = time.monotonic()
-  results = _finish(_start("experiments.localize", [_localize_args(tiny_model_dir, capitals_jsonl, d, *extra)
+  results = _finish(_start("experiments.localize", [_localize_args(tiny_model_dir, capitals_jsonl, d, *extra, cache)
                                                     for d in (two, elsewhere)]))
   wall = time.monotonic() - start
   for rc, _, err in results:
@@ -114,12 +116,13 @@ def test_two_processes_equal_one_process_and_only_process_0_writes(tiny_model_di
 
   evaluate = [f"--model={tiny_model_dir}", f"--task={capitals_jsonl}", "--cache_dir=none",
               f"--heads={','.join(heads_one['top_k'][:2])}", "--ablation=mean"]
-  single = _single("experiments.evaluate", evaluate + [f"--output_json={tmp_path / 'one.json'}"], devices)
+  single = _single("experiments.evaluate", evaluate + [cache, f"--output_json={tmp_path / 'one.json'}"], devices)
   assert single.returncode == 0, single.stderr[-3000:]
-  results = _finish(_start("experiments.evaluate", [evaluate + [f"--output_json={tmp_path / name}"]
+  results = _finish(_start("experiments.evaluate", [evaluate + [cache, f"--output_json={tmp_path / name}"]
                                                     for name in ("two.json", "process1.json")]))
   for rc, _, err in results:
     assert rc == 0, err[-3000:]
+    assert "conversion cache off in a multi-process run" in err
   assert not os.path.exists(tmp_path / "process1.json")
   metrics_one = json.load(open(tmp_path / "one.json"))["metrics"]
   metrics_two = json.load(open(tmp_path / "two.json"))["metrics"]
