@@ -34,7 +34,8 @@ class Run:
   ablation: ablation.json (held-out validation), None when the run did not validate.
   coefficients: float [layers, heads], each head's estimated change in the metric when it is ablated; masks: bool
   [masks, layers, heads] (True = ablated), scores: float [masks] and baseline: the target's measurements. These
-  four are None for a directory that keeps only the reports (as the runs under docs/ do).
+  four are None for a directory that keeps only the reports. metrics: every metric the task reported under those
+  masks, name -> float [masks] (the localization metric is `scores`).
   """
 
   directory: str
@@ -44,6 +45,7 @@ class Run:
   masks: np.ndarray | None
   scores: np.ndarray | None
   baseline: float | None
+  metrics: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
   @property
   def top_k(self) -> list[str]:
@@ -67,10 +69,12 @@ def read_run(output_dir: str) -> Run:
                     + ("; its measurements.npz is a run in progress: run the same command again to resume it)"
                        if measured is not None else ")"))
   masks = scores = baseline = None
+  metrics = {}
   if measured is not None:
     masks, scores, baseline = measured["masks"], measured["scores"], float(measured["baseline"])
+    metrics = {k[len("metric_"):]: v for k, v in measured.items() if k.startswith("metric_")}
   return Run(output_dir, info, files.read_json(path("ablation.json")), files.read_array(path("coefficients.npy")),
-             masks, scores, baseline)
+             masks, scores, baseline, metrics)
 
 
 def run_localization(engine, task: str | None = None, output_dir: str | None = None, *,

@@ -1,8 +1,8 @@
 """How far two localization runs of the same question agree: bfloat16 against float32, two seeds, two machines.
 
 Takes two finished runs (`jaxloc.read_run`) and compares what a researcher would act on: the ranked heads (top-k
-overlap), the coefficients (Spearman rank correlation, largest difference), the scores of every mask both runs
-measured, the baselines, and the held-out drop of each run's selection.
+overlap), the coefficients (Spearman rank correlation, largest difference), the scores (and every other metric)
+of every mask both runs measured, the baselines, and the held-out drop of each run's selection.
 """
 
 from __future__ import annotations
@@ -31,9 +31,16 @@ def agreement(a, b, ks: Sequence[int] = (5, 10)) -> dict[str, Any]:
     result["max_coefficient_difference"] = float(np.abs(ca - cb).max())
     result["max_abs_coefficient"] = float(max(np.abs(ca).max(), np.abs(cb).max()))
   if a.masks is not None and b.masks is not None:
-    common, difference = _common_masks(a, b)
-    result["common_masks"] = common
-    result["max_score_difference"] = difference
+    pairs = _common_masks(a, b)
+    result["common_masks"] = len(pairs)
+    if len(pairs):
+      ia, ib = pairs.T
+      result["max_score_difference"] = float(np.abs(np.asarray(a.scores)[ia] - np.asarray(b.scores)[ib]).max())
+      # Every metric both runs measured (e.g. the log-probability beside a discrete accuracy), mean and largest.
+      result["metric_difference"] = {}
+      for name in sorted(set(a.metrics) & set(b.metrics)):
+        difference = np.abs(np.asarray(a.metrics[name])[ia] - np.asarray(b.metrics[name])[ib])
+        result["metric_difference"][name] = {"mean": float(difference.mean()), "max": float(difference.max())}
   drops = [(run.ablation or {}).get("held_out", {}).get("task_relative_drop") for run in (a, b)]
   result["held_out_task_relative_drop"] = drops
   result["seconds_per_mask"] = [(run.info.get("timing") or {}).get("seconds_per_mask") for run in (a, b)]
@@ -51,14 +58,11 @@ def _difference(x, y) -> float | None:
   return None if x is None or y is None else float(abs(x - y))
 
 
-def _common_masks(a, b) -> tuple[int, float | None]:
-  """How many masks both runs measured, and the largest difference of their scores."""
+def _common_masks(a, b) -> np.ndarray:
+  """[pairs, 2]: (index in a, index in b) of every mask both runs measured."""
   index = {m.tobytes(): i for i, m in enumerate(np.asarray(b.masks, bool))}
   pairs = [(i, index[m.tobytes()]) for i, m in enumerate(np.asarray(a.masks, bool)) if m.tobytes() in index]
-  if not pairs:
-    return 0, None
-  ia, ib = np.array(pairs).T
-  return len(pairs), float(np.abs(np.asarray(a.scores)[ia] - np.asarray(b.scores)[ib]).max())
+  return np.array(pairs, np.int64).reshape(-1, 2)
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -74,6 +78,8 @@ def markdown(result: dict[str, Any]) -> str:
   if result.get("common_masks"):
     rows.append(("largest score difference, same mask", f"{result['max_score_difference']:.4g}",
                  f"over {result['common_masks']} masks both measured"))
+    for name, value in result["metric_difference"].items():
+      rows.append((f"{name} difference, same mask: mean / largest", f"{value['mean']:.4g} / {value['max']:.4g}", ""))
   if result["baseline_difference"] is not None:
     rows.append(("baseline difference", f"{result['baseline_difference']:.4g}", ""))
   drops = result["held_out_task_relative_drop"]

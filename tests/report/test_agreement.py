@@ -10,8 +10,9 @@ def _run(directory, order, coefficients, masks, scores, drop, dtype):
   heads = [{"name": f"L0H{h}"} for h in order]
   info = {"heads": heads, "top_k": [h["name"] for h in heads[:2]], "baseline": 1.0, "engine": {"dtype": dtype},
           "timing": {"seconds_per_mask": 0.5}}
+  scores = np.asarray(scores, float)
   return Run(directory, info, {"held_out": {"task_relative_drop": drop}}, np.asarray(coefficients, float),
-             np.asarray(masks, bool), np.asarray(scores, float), 1.0)
+             np.asarray(masks, bool), scores, 1.0, {"logprob": -10 * scores})
 
 
 def test_agreement_counts_what_two_runs_share():
@@ -24,6 +25,8 @@ def test_agreement_counts_what_two_runs_share():
   assert result["top_k_overlap"] == {"1": 0, "2": 2, "3": 2}
   assert result["selection_overlap"] == 2 and result["dtypes"] == ["float32", "bfloat16"]
   assert result["common_masks"] == 2 and np.isclose(result["max_score_difference"], 0.05)
+  assert result["metric_difference"].keys() == {"logprob"}
+  assert np.allclose(list(result["metric_difference"]["logprob"].values()), [0.25, 0.5])
   assert np.isclose(result["coefficient_spearman"], 0.6) and result["max_coefficient_difference"] == 1.0
   table = agreement.markdown(result)
   assert "| top-2 overlap | 2 of 2 |" in table and "| float32 | bfloat16 |" in table and "50.0%" in table
