@@ -25,7 +25,7 @@ import numpy as np
 from jaxloc.engine import batching, scoring
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.layers import Context
-from jaxloc.models.llama import Transformer
+from jaxloc.models.llama import Ablation, Transformer
 
 GIB = batching.GIB
 
@@ -107,7 +107,7 @@ def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, c
   module = Transformer(config, param_dtype=dtype)
   params = _params(config, dtype)
   sds = jax.ShapeDtypeStruct
-  head_mask = sds((masks, config.num_layers, config.num_heads), dtype)
+  ablation = Ablation(head_mask=sds((masks, config.num_layers, config.num_heads), dtype))
   targets = batching.bucket_pow2(targets)
   seq = batching.bucket(seq)
   rows = [sds((requests, seq), jnp.int32), sds((requests, seq), jnp.int32), sds((requests, targets), jnp.int32),
@@ -116,13 +116,13 @@ def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, c
   kv = None
   if context:
     prefix_fn = jax.jit(functools.partial(scoring.prefix_context, module, dtype=dtype))
-    compiled = prefix_fn.lower(params, head_mask, None, sds((context,), jnp.int32)).compile()
+    compiled = prefix_fn.lower(params, ablation, sds((context,), jnp.int32)).compile()
     analysis = compiled.memory_analysis()
     result["prefix"] = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
     kv_shape = (config.num_layers, masks, context, config.num_kv_heads, config.head_dim)
     kv = Context(sds(kv_shape, dtype), sds(kv_shape, dtype), sds((masks, 1, context), jnp.bool_))
   score_fn = jax.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
-  compiled = score_fn.lower(params, head_mask, None, kv, *rows).compile()
+  compiled = score_fn.lower(params, ablation, kv, *rows).compile()
   analysis = compiled.memory_analysis()
   arguments = int(analysis.argument_size_in_bytes) - param_bytes(config, dtype)
   result["scoring"] = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes + arguments)

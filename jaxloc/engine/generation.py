@@ -1,4 +1,4 @@
-"""Greedy decoding under head masks: one jitted prefill plus a `lax.while_loop` over new tokens.
+"""Greedy decoding under head and/or neuron masks: one jitted prefill plus a `lax.while_loop` over new tokens.
 
 Axes: `batch` B (one (mask, request) pair each; every sequence carries its own head mask), `seq` S
 (left-padded prompt), `cache` C = S + max_new_tokens, `layers` L, `kv_heads` K, `head_dim` Dh,
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc.models.layers import Context
-from jaxloc.models.llama import lm_logits
+from jaxloc.models.llama import Ablation, lm_logits
 
 def stop_tables(token_strings: Sequence[str], stop_strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
   """An Aho–Corasick automaton over `stop_strings`, folded into per-token tables.
@@ -90,19 +90,19 @@ def truncate_at_stop(text: str, stop_strings: Sequence[str]) -> str:
   return text[:cut]
 
 
-def greedy_generate(module, config, params, head_mask, head_fill, prompt, prompt_valid, active, eos_ids, stop_next,
+def greedy_generate(module, config, params, ablation: Ablation, prompt, prompt_valid, active, eos_ids, stop_next,
                     stop_hit, *, max_new_tokens: int, pad_id: int, dtype):
   """Greedy continuation of left-padded prompts.
 
-  prompt, prompt_valid: [B, S]; head_mask: [B, L, H]; active: bool [B], False on rows that only pad the
-  batch (they start finished, so they never keep the loop running); eos_ids: [E]; stop_next, stop_hit:
-  [V, Q], the stop-string automaton of `stop_tables`.
+  prompt, prompt_valid: [B, S]; ablation: head/neuron masks [B, L, H] / [B, L, F], one per row; active: bool [B],
+  False on rows that only pad the batch (they start finished, so they never keep the loop running); eos_ids: [E];
+  stop_next, stop_hit: [V, Q], the stop-string automaton of `stop_tables`.
   Returns tokens [B, max_new_tokens] (pad_id after a sequence ends) and how many each emitted [B],
   its stop token included.
   """
   batch, seq = prompt.shape
   positions = jnp.maximum(jnp.cumsum(prompt_valid, axis=-1) - 1, 0)
-  out = module.apply({"params": params}, prompt[:, None], positions[:, None], head_mask, head_fill,
+  out = module.apply({"params": params}, prompt[:, None], positions[:, None], ablation,
                      token_valid=prompt_valid[:, None], return_kv=True, dtype=dtype)
   pad = ((0, 0), (0, 0), (0, max_new_tokens), (0, 0), (0, 0))
   cache_k = jnp.pad(out.k[:, :, 0], pad)  # [L, B, C, K, Dh]
@@ -122,8 +122,8 @@ def greedy_generate(module, config, params, head_mask, head_fill, prompt, prompt
     done = done | (current[:, None] == eos_ids[None]).any(-1) | stop_hit[current, automaton]
     automaton = stop_next[current, automaton]
     context = Context(cache_k, cache_v, cache_valid[:, None, :])
-    out = module.apply({"params": params}, current[:, None, None], pos[:, None, None], head_mask, head_fill,
-                       context, return_kv=True, dtype=dtype)
+    out = module.apply({"params": params}, current[:, None, None], pos[:, None, None], ablation, context,
+                       return_kv=True, dtype=dtype)
     write = seq + step
     cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, out.k[:, :, 0], write, axis=2)
     cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, out.v[:, :, 0], write, axis=2)

@@ -1,7 +1,7 @@
-"""Teacher-forced scoring of many requests under many head masks.
+"""Teacher-forced scoring of many requests under many head and/or neuron masks (`llama.Ablation`).
 
 Axes: `masks` M (Mb per call), `requests` R (Rb per call), `seq` S (suffix tokens per request),
-`context` P (the shared prefix), `targets` T (continuation tokens), `layers` L, `heads` H.
+`context` P (the shared prefix), `targets` T (continuation tokens), `layers` L, `heads` H, `mlp` F.
 
 Requests are tokenized once (the lm-eval convention in `requests.py`). The longest token prefix that
 every request shares (a few-shot preamble) is computed once per mask and kept as keys/values; each
@@ -22,7 +22,7 @@ from jaxloc.engine.batching import bucket, bucket_pow2
 from jaxloc.engine.requests import ScoringRequest
 from jaxloc.errors import UserError
 from jaxloc.models.layers import Context
-from jaxloc.models.llama import lm_logits
+from jaxloc.models.llama import Ablation, lm_logits
 
 # Sharing a prefix shorter than this saves less than the extra call costs.
 MIN_SHARED_PREFIX = 4
@@ -186,60 +186,104 @@ def layout(tokenized: TokenizedRequests, requests_per_chunk: int, share_prefix: 
                        sum(len(s) for s in suffixes))
 
 
-def prefix_context(module, params, head_mask, head_fill, prefix_tokens, dtype) -> Context:
+def prefix_context(module, params, ablation: Ablation, prefix_tokens, dtype) -> Context:
   """Keys/values [L, Mb, P, K, Dh] of the shared prefix under each mask (the mask changes them too)."""
-  masks = head_mask.shape[0]
+  masks = ablation.num_masks
   prefix_len = prefix_tokens.shape[0]
   tokens = jnp.broadcast_to(prefix_tokens[None, None], (masks, 1, prefix_len))
-  out = module.apply({"params": params}, tokens, jnp.arange(prefix_len)[None, None], head_mask, head_fill,
-                     return_kv=True, dtype=dtype)
+  out = module.apply({"params": params}, tokens, jnp.arange(prefix_len)[None, None], ablation, return_kv=True,
+                     dtype=dtype)
   k = out.k[:, :, 0]
   v = out.v[:, :, 0]
   return Context(k, v, jnp.ones((masks, 1, prefix_len), bool))
 
 
-def score_chunk(module, config, params, head_mask, head_fill, context: Context | None, tokens, positions,
-                target_pos, target_ids, target_valid, dtype):
-  """Summed continuation log-probability and greedy exactness, both [Mb, Rb]."""
-  masks = head_mask.shape[0]
-  tokens = jnp.broadcast_to(tokens[None], (masks,) + tokens.shape)
-  out = module.apply({"params": params}, tokens, positions[None], head_mask, head_fill, context, dtype=dtype)
-  hidden = jnp.take_along_axis(out.hidden, target_pos[None, :, :, None], axis=2)  # [Mb, Rb, T, D]
-  logits = lm_logits(config, params, hidden)  # [Mb, Rb, T, V] float32
+def _target_logprob(config, params, hidden, target_pos, target_ids, target_valid):
+  """Summed log-probability of the targets and whether each is the argmax, [M, R], from hidden [M, R, S, D]."""
+  hidden = jnp.take_along_axis(hidden, target_pos[..., None], axis=2)  # [M, R, T, D]
+  logits = lm_logits(config, params, hidden)  # [M, R, T, V] float32
   log_norm = jax.nn.logsumexp(logits, axis=-1)
-  target_logit = jnp.take_along_axis(logits, target_ids[None, :, :, None], axis=-1)[..., 0]
+  target_logit = jnp.take_along_axis(logits, target_ids[..., None], axis=-1)[..., 0]
   logprob = jnp.where(target_valid, target_logit - log_norm, 0.0).sum(-1)
   is_greedy = jnp.where(target_valid, jnp.argmax(logits, axis=-1) == target_ids, True).all(-1)
   return logprob, is_greedy
 
 
-def mask_objective(module, config, params, head_mask, head_fill, prefix_tokens, tokens, positions, target_pos,
+def score_chunk(module, config, params, ablation: Ablation, context: Context | None, tokens, positions,
+                target_pos, target_ids, target_valid, dtype):
+  """Summed continuation log-probability and greedy exactness, both [Mb, Rb]."""
+  masks = ablation.num_masks
+  tokens = jnp.broadcast_to(tokens[None], (masks,) + tokens.shape)
+  out = module.apply({"params": params}, tokens, positions[None], ablation, context, dtype=dtype)
+  return _target_logprob(config, params, out.hidden, target_pos[None], target_ids[None], target_valid[None])
+
+
+def mask_objective(module, config, params, ablation: Ablation, prefix_tokens, tokens, positions, target_pos,
                    target_ids, target_valid, weights, offsets, dtype, retained: bool = False):
   """Per mask [Mb]: sum over requests of weights[r] * f(logprob[m, r] - offsets[r]), where f is the identity, or
   with `retained` the probability kept relative to the offsets, exp(min(., 0)) (in [0, 1]: a request that loses
   everything counts 1, however many nats it loses).
 
-  Differentiable in `head_mask` (the prefix keys/values are recomputed inside, so the gradient flows through them
-  too): at an all-ones mask with zero offsets its gradient is mask-gradient attribution; at soft masks it is
-  what a learned mask trains on.
+  Differentiable in the ablation's masks (the prefix keys/values are recomputed inside, so the gradient flows
+  through them too): at an all-ones mask with zero offsets its gradient is mask-gradient attribution; at soft
+  masks it is what a learned mask trains on.
   """
   context = None
   if prefix_tokens is not None:
-    context = prefix_context(module, params, head_mask, head_fill, prefix_tokens, dtype)
-  logprob, _ = score_chunk(module, config, params, head_mask, head_fill, context, tokens, positions, target_pos,
+    context = prefix_context(module, params, ablation, prefix_tokens, dtype)
+  logprob, _ = score_chunk(module, config, params, ablation, context, tokens, positions, target_pos,
                            target_ids, target_valid, dtype)
   change = logprob - offsets[None]
   values = jnp.exp(jnp.minimum(change, 0.0)) if retained else change
   return values @ weights
 
 
-def mask_objective_and_grad(module, config, params, head_mask, *args, dtype, retained: bool = False):
-  """`mask_objective` [Mb] and its gradient in the mask [Mb, L, H] (masks are independent: the gradient of the
-  sum over masks is each mask's own)."""
+def mask_objective_and_grad(module, config, params, ablation: Ablation, *args, dtype, retained: bool = False):
+  """`mask_objective` [Mb] and its gradients in the head mask [Mb, L, H] and the neuron mask [Mb, L, F] (None
+  for a kind the ablation does not hold; masks are independent: the gradient of the sum over masks is each
+  mask's own)."""
 
-  def total(mask):
-    values = mask_objective(module, config, params, mask, *args, dtype=dtype, retained=retained)
+  def total(masks):
+    values = mask_objective(module, config, params, dataclasses.replace(ablation, head_mask=masks[0],
+                                                                        neuron_mask=masks[1]),
+                            *args, dtype=dtype, retained=retained)
     return values.sum(), values
 
-  (_, values), grad = jax.value_and_grad(total, has_aux=True)(head_mask)
-  return values, grad
+  (_, values), grads = jax.value_and_grad(total, has_aux=True)((ablation.head_mask, ablation.neuron_mask))
+  return values, grads[0], grads[1]
+
+
+def neuron_integrated_gradients(module, config, params, neuron_fill, prefix_tokens, tokens, positions, target_pos,
+                                target_ids, target_valid, *, steps: int, dtype):
+  """Integrated-gradients attribution [Rb, L, F] of every neuron at each request's last context position (the
+  position predicting its first target token) for the probability of the request's target.
+
+  The neurons of every layer at that position are scaled together from 0 to their value along `steps` points
+  (alpha = k / steps, k = 1..steps); a neuron's attribution is its value times the mean gradient of the target
+  probability along the path, which is the mean gradient in a neuron mask that scales that position only. One
+  forward and backward pass over requests × steps rows, each row its own mask. The shared prefix is computed
+  once, unablated (the scaled position is never in it).
+  """
+  rows, seq = tokens.shape
+  cfg = config
+  alphas = jnp.arange(1, steps + 1, dtype=jnp.float32) / steps
+  width = rows * steps
+  repeat = lambda a: jnp.repeat(a, steps, axis=0)[:, None]  # noqa: E731  [Rb, ...] -> [Rb * steps, 1, ...]
+  context = None
+  if prefix_tokens is not None:
+    one = Ablation(neuron_mask=jnp.ones((1, cfg.num_layers, cfg.intermediate_size), dtype))
+    prefix = prefix_context(module, params, one, prefix_tokens, dtype)
+    expand = lambda a: jnp.broadcast_to(a, (a.shape[0], width) + a.shape[2:])  # noqa: E731
+    context = Context(expand(prefix.k), expand(prefix.v), jnp.ones((width, 1, prefix_tokens.shape[0]), bool))
+  where = (jnp.arange(seq)[None, :] == target_pos[:, :1])  # [Rb, S]: the first predictor position
+  masks = jnp.broadcast_to(jnp.tile(alphas, rows)[:, None, None], (width, cfg.num_layers, cfg.intermediate_size))
+
+  def probability(mask):
+    ablation = Ablation(neuron_mask=mask, neuron_fill=neuron_fill, neuron_where=repeat(where))
+    out = module.apply({"params": params}, repeat(tokens), repeat(positions), ablation, context, dtype=dtype)
+    logprob, _ = _target_logprob(config, params, out.hidden, repeat(target_pos), repeat(target_ids),
+                                 repeat(target_valid))
+    return jnp.exp(logprob).sum()
+
+  grad = jax.grad(probability)(masks.astype(dtype))
+  return grad.astype(jnp.float32).reshape(rows, steps, cfg.num_layers, cfg.intermediate_size).mean(axis=1)

@@ -201,7 +201,7 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
   in_sample = validate.Scorer(identification, metrics)
   confirming = in_sample
   if settings.validate:
-    confirming = validate.Scorer([Evaluator(engine, e.name, e.task, td.held_out, e.head_fill)
+    confirming = validate.Scorer([e.on(td.held_out)
                                   for e, td in zip(identification, tasks.all)], metrics)
   found = _find_heads(settings, ranking, general_rankings, measuring, excluded, confirming)
   if settings.validate:

@@ -9,7 +9,7 @@ Axes (names used throughout jaxloc/models):
   groups    G   query heads per KV head; query head h is (k, g) with h = k * G + g, as `repeat_kv`
   head_dim  Dh
   embed     D
-  mlp       F
+  mlp       F   MLP intermediate units (neurons), the input of `down_proj`
 
 GQA stays explicit in the shapes: queries are [..., K, G, Dh] and keys [..., K, Dh]; KV heads are
 never repeated in memory.
@@ -163,11 +163,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+  """The gated MLP whose intermediate units (neurons, the input of `down_proj`) are scaled by a neuron mask."""
+
   config: ModelConfig
   param_dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, neuron_mask: Array | None = None, neuron_fill: Array | None = None,
+               neuron_where: Array | None = None) -> Array:
+    """x: [M, R, S, D]; neuron_mask: [M, F] (1 keep, 0 ablate); neuron_fill: [F] or None (zero ablation);
+    neuron_where: bool [M|1, R|1, S], the positions the mask applies at (None: every position).
+
+    Returns (y [M, R, S, D], neuron values [M, R, S, F] before the mask).
+    """
     cfg = self.config
     d, f = cfg.hidden_size, cfg.intermediate_size
     init = nn.initializers.normal(0.02)
@@ -179,4 +187,11 @@ class MLP(nn.Module):
       return y
 
     hidden = jax.nn.silu(dense("gate", x, (d, f))) * dense("up", x, (d, f))
-    return dense("down", hidden, (f, d))
+    if neuron_mask is not None:
+      keep = neuron_mask.astype(hidden.dtype)[:, None, None, :]
+      ablated = hidden * keep
+      if neuron_fill is not None:
+        ablated = ablated + (1 - keep) * neuron_fill.astype(hidden.dtype)
+      ablated = ablated if neuron_where is None else jnp.where(neuron_where[..., None], ablated, hidden)
+      return dense("down", ablated, (f, d)), hidden
+    return dense("down", hidden, (f, d)), hidden

@@ -3,10 +3,11 @@
 Qwen2 differs from Llama only in configuration (q/k/v biases, its own rope theta), so both families
 run through this one module; `config.py` reads each family's config.
 
-Inputs are data, in penzai's spirit: a head mask [masks, layers, heads] (1 keep, 0 ablate) scales
-every query head's attention output before `o_proj`, and optional per-head fill values [layers,
-heads, head_dim] turn zero ablation into mean ablation. That is what lets many ablation
-configurations run as one batched, compiled computation.
+Inputs are data, in penzai's spirit: an `Ablation` holds a head mask [masks, layers, heads] (1 keep,
+0 ablate) that scales every query head's attention output before `o_proj`, and/or a neuron mask
+[masks, layers, mlp] that scales every MLP intermediate unit before `down_proj`; optional fill values
+(per head [layers, heads, head_dim], per neuron [layers, mlp]) turn zero ablation into mean ablation.
+That is what lets many ablation configurations run as one batched, compiled computation.
 
 Axes are those of `layers.py`, plus `layers` L (the scanned decoder layers) and `vocab` V.
 Tokens are [M, R, S]: every mask has its own batch of requests, which may share context keys/values
@@ -32,24 +33,54 @@ Array = jax.Array
 class ModelOutput:
   """hidden: [M, R, S, D] after the final norm (feed to `Transformer.logits`).
   k, v: [L, M, R, S, K, Dh] keys/values of these tokens when asked for (to build a context).
-  head_sums: [L, M, K, G, Dh] per-head attention outputs summed over valid tokens, when asked for
-  (divide by the token count for mean-ablation fill values).
+  head_sums: [L, M, K, G, Dh] per-head attention outputs and neuron_sums: [L, M, F] neuron values summed over
+  valid tokens, when asked for (divide by the token count for mean-ablation fill values).
   """
 
   hidden: Array
   k: Array | None = None
   v: Array | None = None
   head_sums: Array | None = None
+  neuron_sums: Array | None = None
 
 
-jax.tree_util.register_dataclass(ModelOutput, data_fields=["hidden", "k", "v", "head_sums"], meta_fields=[])
+jax.tree_util.register_dataclass(ModelOutput, data_fields=["hidden", "k", "v", "head_sums", "neuron_sums"],
+                                 meta_fields=[])
+
+
+@dataclasses.dataclass
+class Ablation:
+  """What a forward pass knocks out, per mask (every field optional; all None is the unablated model).
+
+  head_mask: [M, L, H] and neuron_mask: [M, L, F], 1 keep, 0 ablate (soft values scale).
+  head_fill: [L, H, Dh] and neuron_fill: [L, F], what an ablated unit outputs instead (None: zero).
+  neuron_where: bool [M|1, R|1, S], the positions the neuron mask applies at (None: every position; integrated
+    gradients scale one position).
+  """
+
+  head_mask: Array | None = None
+  head_fill: Array | None = None
+  neuron_mask: Array | None = None
+  neuron_fill: Array | None = None
+  neuron_where: Array | None = None
+
+  @property
+  def num_masks(self) -> int:
+    masks = [m for m in (self.head_mask, self.neuron_mask) if m is not None]
+    if not masks:
+      raise ValueError("this ablation holds no masks")
+    return masks[0].shape[0]
+
+
+jax.tree_util.register_dataclass(
+    Ablation, data_fields=["head_mask", "head_fill", "neuron_mask", "neuron_fill", "neuron_where"], meta_fields=[])
 
 
 class DecoderLayer(nn.Module):
   config: ModelConfig
   param_dtype: Any = jnp.float32
   return_kv: bool = False
-  collect_head_sums: bool = False
+  collect_sums: bool = False
 
   @nn.compact
   def __call__(self, x: Array, per_layer: dict, shared: dict):
@@ -62,14 +93,18 @@ class DecoderLayer(nn.Module):
         shared["cos"], shared["sin"], per_layer.get("head_mask"), per_layer.get("head_fill"),
         context, shared.get("token_valid"))
     x = x + attn_out
-    x = x + MLP(cfg, self.param_dtype, name="mlp")(RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="mlp_norm")(x))
+    mlp_out, neurons = MLP(cfg, self.param_dtype, name="mlp")(
+        RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="mlp_norm")(x), per_layer.get("neuron_mask"),
+        per_layer.get("neuron_fill"), shared.get("neuron_where"))
+    x = x + mlp_out
     outputs = {}
     if self.return_kv:
       outputs["k"], outputs["v"] = k, v
-    if self.collect_head_sums:
+    if self.collect_sums:
       weights = shared["token_valid"].astype(jnp.float32)
       weights = jnp.broadcast_to(weights, head_out.shape[:3])
       outputs["head_sums"] = jnp.einsum("mrs,mrskgh->mkgh", weights, head_out.astype(jnp.float32))
+      outputs["neuron_sums"] = jnp.einsum("mrs,mrsf->mf", weights, neurons.astype(jnp.float32))
     return x, outputs
 
 
@@ -87,15 +122,14 @@ class Transformer(nn.Module):
   param_dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens: Array, positions: Array, head_mask: Array | None = None,
-               head_fill: Array | None = None, context: Context | None = None,
+  def __call__(self, tokens: Array, positions: Array, ablation: Ablation | None = None,
+               context: Context | None = None,
                token_valid: Array | None = None, *, return_kv: bool = False,
-               collect_head_sums: bool = False, dtype: Any = None) -> ModelOutput:
+               collect_sums: bool = False, dtype: Any = None) -> ModelOutput:
     """Runs the decoder.
 
     tokens: int [M, R, S]. positions: int [M|1, R|1, S], absolute positions (after any context).
-    head_mask: [M, L, H] (1 keep, 0 ablate), or None for the unmasked model.
-    head_fill: [L, H, Dh] mean-ablation values, or None for zero ablation.
+    ablation: head and/or neuron masks with their fill values (`Ablation`), or None for the unablated model.
     context: keys/values [L, M, C, K, Dh] visible to every request, with `valid` [M, R|1, C].
     token_valid: bool [M, R|1, S], False on padding tokens that other tokens must not attend to.
       Right padding needs none: causal attention already hides it from real tokens.
@@ -110,25 +144,30 @@ class Transformer(nn.Module):
       self.param("lm_head", nn.initializers.normal(0.02), (cfg.hidden_size, cfg.vocab_size), self.param_dtype)
     x = embed(tokens).astype(dtype)
     cos, sin = rotary_tables(cfg, positions)
+    ablation = ablation or Ablation()
     per_layer: dict[str, Array] = {}
-    if head_mask is not None:
-      per_layer["head_mask"] = jnp.swapaxes(head_mask, 0, 1).reshape(
+    if ablation.head_mask is not None:
+      per_layer["head_mask"] = jnp.swapaxes(ablation.head_mask, 0, 1).reshape(
           cfg.num_layers, m, cfg.num_kv_heads, cfg.queries_per_kv)
-      if head_fill is not None:
-        per_layer["head_fill"] = head_fill.reshape(cfg.num_layers, cfg.num_kv_heads, cfg.queries_per_kv,
-                                                   cfg.head_dim)
-    if collect_head_sums and token_valid is None:
+      if ablation.head_fill is not None:
+        per_layer["head_fill"] = ablation.head_fill.reshape(cfg.num_layers, cfg.num_kv_heads, cfg.queries_per_kv,
+                                                            cfg.head_dim)
+    if ablation.neuron_mask is not None:
+      per_layer["neuron_mask"] = jnp.swapaxes(ablation.neuron_mask, 0, 1)  # [L, M, F]
+      if ablation.neuron_fill is not None:
+        per_layer["neuron_fill"] = ablation.neuron_fill
+    if collect_sums and token_valid is None:
       token_valid = jnp.ones(tokens.shape, bool)
-    shared = {"cos": cos, "sin": sin, "token_valid": token_valid}
+    shared = {"cos": cos, "sin": sin, "token_valid": token_valid, "neuron_where": ablation.neuron_where}
     if context is not None:
       per_layer["context_k"], per_layer["context_v"] = context.k, context.v
       shared["context_valid"] = context.valid
     layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                      in_axes=(0, nn.broadcast), length=cfg.num_layers)(
-                         cfg, self.param_dtype, return_kv, collect_head_sums, name="layers")
+                         cfg, self.param_dtype, return_kv, collect_sums, name="layers")
     x, outputs = layers(x, per_layer, shared)
     hidden = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="final_norm")(x)
-    return ModelOutput(hidden, outputs.get("k"), outputs.get("v"), outputs.get("head_sums"))
+    return ModelOutput(hidden, outputs.get("k"), outputs.get("v"), outputs.get("head_sums"), outputs.get("neuron_sums"))
 
 
 def lm_logits(config: ModelConfig, params, hidden: Array) -> Array:

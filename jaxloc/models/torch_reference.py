@@ -1,7 +1,8 @@
 """PyTorch references for parity tests and baselines. Imports torch lazily: jaxloc never needs it to run.
 
 Head ablation here is the paper's: a forward pre-hook on each layer's `o_proj` zeroes (or replaces)
-the slice of its input that belongs to one query head.
+the slice of its input that belongs to one query head. Neuron ablation is CNL's: the neuron's column
+of its layer's `down_proj` weight is zeroed.
 """
 
 from __future__ import annotations
@@ -61,3 +62,23 @@ def ablated_heads(model, heads: Iterable[tuple[int, int]], fill: Sequence | None
   finally:
     for handle in handles:
       handle.remove()
+
+
+@contextlib.contextmanager
+def zeroed_down_proj_columns(model, neurons: Iterable[tuple[int, int]]):
+  """Within the block, each (layer, index) has column `index` of that layer's `down_proj` weight zeroed (restored
+  after)."""
+  import torch
+
+  saved = []
+  with torch.no_grad():
+    for layer, index in neurons:
+      weight = model.model.layers[int(layer)].mlp.down_proj.weight  # [hidden, intermediate]
+      saved.append((weight, int(index), weight[:, int(index)].clone()))
+      weight[:, int(index)] = 0
+  try:
+    yield model
+  finally:
+    with torch.no_grad():
+      for weight, index, column in reversed(saved):
+        weight[:, index] = column

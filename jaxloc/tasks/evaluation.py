@@ -1,12 +1,12 @@
-"""Evaluate a task under a stack of head masks: the only place tasks meet the engine.
+"""Evaluate a task under a stack of head or neuron masks: the only place tasks meet the engine.
 
-Axes: `masks`, `layers`, `heads` (head_masks [masks, layers, heads], 1 = keep, 0 = ablate);
-`head_fill` is what an ablated head outputs instead (None: zeros; mean ablation: per-head means
-from `mean_ablation_values`).
+Axes: `masks`, `layers`, `units` (keep-masks [masks, layers, units], 1 = keep, 0 = ablate); the unit is
+"heads" (units = attention heads) or "neurons" (units = MLP intermediate units); `fill` is what an
+ablated unit outputs instead (None: zeros; mean ablation: per-unit means from `mean_ablation_values`).
 
-The engine is used through `engine.tokenizer`, `engine.score(requests, head_masks, head_fill)`,
-`engine.score_batches(...)` (yields (mask slice, ScoreOutputs) per engine batch),
-`engine.generate(requests, head_masks, head_fill)` and `engine.head_means(scoring_requests)`.
+The engine is used through `engine.tokenizer`, `engine.score(requests, head_masks=, head_fill=)` (or
+`neuron_masks=`, `neuron_fill=`), `engine.score_batches(...)` (yields (mask slice, ScoreOutputs) per
+engine batch), `engine.generate(...)`, `engine.mask_objective(...)` and `engine.ablation_means(requests)`.
 """
 
 from __future__ import annotations
@@ -33,9 +33,19 @@ def _requests(engine, task: Task, docs: Sequence[Doc], tokenizer):
   return task.requests(docs, tokenizer)
 
 
-def _check_masks(head_masks) -> None:
-  if np.ndim(head_masks) != 3:
-    raise ValueError(f"head_masks must be [masks, layers, heads], got shape {np.shape(head_masks)}")
+UNITS = ("heads", "neurons")
+
+
+def _check_masks(keep, unit: str) -> None:
+  if unit not in UNITS:
+    raise ValueError(f"unknown unit {unit!r}; valid: {', '.join(UNITS)}")
+  if np.ndim(keep) != 3:
+    raise ValueError(f"masks must be [masks, layers, {unit}], got shape {np.shape(keep)}")
+
+
+def engine_masks(unit: str, keep, fill) -> dict[str, Any]:
+  """The engine's keyword arguments for keep-masks over `unit` with their fill values."""
+  return {"head_masks": keep, "head_fill": fill} if unit == "heads" else {"neuron_masks": keep, "neuron_fill": fill}
 
 
 def _metrics(task: Task, docs: Sequence[Doc], outputs, num_masks: int, per_doc: bool) -> dict[str, np.ndarray]:
@@ -49,7 +59,7 @@ def _metrics(task: Task, docs: Sequence[Doc], outputs, num_masks: int, per_doc: 
   return metrics
 
 
-def run(engine, task: Task, docs: Sequence[Doc], head_masks, *, head_fill=None, tokenizer=None,
+def run(engine, task: Task, docs: Sequence[Doc], keep, *, unit: str = "heads", fill=None, tokenizer=None,
         progress: bool = False, per_doc: bool = False) -> dict[str, np.ndarray]:
   """Metrics of `task` on `docs` for every mask: name -> float [masks] ([masks, docs] if `per_doc`).
 
@@ -57,37 +67,37 @@ def run(engine, task: Task, docs: Sequence[Doc], head_masks, *, head_fill=None, 
   `engine.score` for loglikelihood tasks or `engine.generate` for generation tasks. `progress`
   shows a bar over masks (scoring) or (mask, request) sequences (generation).
   """
-  _check_masks(head_masks)
+  _check_masks(keep, unit)
   requests = _requests(engine, task, docs, tokenizer)
-  num_masks = np.shape(head_masks)[0]
+  num_masks = np.shape(keep)[0]
   if task.output_type == "loglikelihood":
     with tqdm(total=num_masks, desc=task.name, unit="mask", disable=not progress) as bar:
-      outputs = engine.score(requests, head_masks, head_fill=head_fill, progress=bar.update)
+      outputs = engine.score(requests, progress=bar.update, **engine_masks(unit, keep, fill))
   elif task.output_type == "generate":
     with tqdm(total=num_masks * len(requests), desc=task.name, unit="seq", disable=not progress) as bar:
-      outputs = engine.generate(requests, head_masks, head_fill=head_fill, progress=bar.update)
+      outputs = engine.generate(requests, progress=bar.update, **engine_masks(unit, keep, fill))
   else:
     raise ValueError(f"task {task.name!r} has unknown output_type {task.output_type!r}")
   return _metrics(task, docs, outputs, num_masks, per_doc)
 
 
-def run_batches(engine, task: Task, docs: Sequence[Doc], head_masks, *, head_fill=None,
+def run_batches(engine, task: Task, docs: Sequence[Doc], keep, *, unit: str = "heads", fill=None,
                 tokenizer=None, per_doc: bool = False) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
   """Like `run`, but yields (mask slice, metrics of those masks) as batches finish.
 
   Loglikelihood tasks follow the engine's own mask batches (`engine.score_batches`); generation
   tasks go `GENERATION_MASKS_PER_BATCH` masks at a time. Callers checkpoint between batches.
   """
-  _check_masks(head_masks)
+  _check_masks(keep, unit)
   requests = _requests(engine, task, docs, tokenizer)
-  num_masks = np.shape(head_masks)[0]
+  num_masks = np.shape(keep)[0]
   if task.output_type == "loglikelihood":
-    for where, outputs in engine.score_batches(requests, head_masks, head_fill=head_fill):
+    for where, outputs in engine.score_batches(requests, **engine_masks(unit, keep, fill)):
       yield where, _metrics(task, docs, outputs, where.stop - where.start, per_doc)
   elif task.output_type == "generate":
     for begin in range(0, num_masks, GENERATION_MASKS_PER_BATCH):
       where = slice(begin, min(begin + GENERATION_MASKS_PER_BATCH, num_masks))
-      texts = engine.generate(requests, np.asarray(head_masks)[where], head_fill=head_fill)
+      texts = engine.generate(requests, **engine_masks(unit, np.asarray(keep)[where], fill))
       yield where, _metrics(task, docs, texts, where.stop - where.start, per_doc)
   else:
     raise ValueError(f"task {task.name!r} has unknown output_type {task.output_type!r}")
@@ -110,10 +120,11 @@ def reference_requests(requests: Sequence[ScoringRequest | GenerationRequest]
   return list(dict.fromkeys(scoring))  # a multiple-choice context counts once per distinct choice
 
 
-def mean_ablation_values(engine, task: Task, docs: Sequence[Doc], *, tokenizer=None):
-  """head_fill for mean ablation: each head's mean output [layers, heads, head_dim] over the
-  tokens of this task's requests on `docs`, with nothing ablated."""
-  return engine.head_means(reference_requests(_requests(engine, task, docs, tokenizer)))
+def mean_ablation_values(engine, task: Task, docs: Sequence[Doc], *, unit: str = "heads", tokenizer=None):
+  """The fill for mean ablation: each head's mean output [layers, heads, head_dim] (or each neuron's mean value
+  [layers, mlp]) over the tokens of this task's requests on `docs`, with nothing ablated."""
+  heads, neurons = engine.ablation_means(reference_requests(_requests(engine, task, docs, tokenizer)))
+  return heads if unit == "heads" else neurons
 
 
 def load_task(name: str, options: dict[str, Any] | None = None, *, num_samples: int | None, seed: int,
@@ -162,27 +173,42 @@ class Evaluator:
   """A task on its documents, with its mean-ablation fill, run under masks by one engine: the one way
   localization, validation, `experiments.evaluate` and the benchmarks evaluate a task.
 
-  Masks given to `run`/`batches` are keep-masks (1 keep, 0 ablate), float [masks, layers, heads].
+  Masks given to `run`/`batches` are keep-masks (1 keep, 0 ablate), float [masks, layers, units] over `unit`
+  ("heads" or "neurons").
   """
 
   engine: Any
   name: str
   task: Task
   docs: list[Doc]
-  head_fill: np.ndarray | None = None
+  fill: np.ndarray | None = None
+  unit: str = "heads"
   _unablated: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
 
   @classmethod
-  def build(cls, engine, name: str, task: Task, docs: Sequence[Doc], ablation: str = "zero") -> "Evaluator":
-    fill = mean_ablation_values(engine, task, docs) if ablation == "mean" else None
-    return cls(engine, name, task, list(docs), fill)
+  def build(cls, engine, name: str, task: Task, docs: Sequence[Doc], ablation: str = "zero", unit: str = "heads"
+            ) -> "Evaluator":
+    fill = mean_ablation_values(engine, task, docs, unit=unit) if ablation == "mean" else None
+    return cls(engine, name, task, list(docs), fill, unit)
+
+  def on(self, docs: Sequence[Doc]) -> "Evaluator":
+    """The same task, fill and unit on other documents (held out)."""
+    return Evaluator(self.engine, self.name, self.task, list(docs), self.fill, self.unit)
+
+  @property
+  def units_per_layer(self) -> int:
+    c = self.engine.config
+    return c.num_heads if self.unit == "heads" else c.intermediate_size
+
+  def _all_kept(self) -> np.ndarray:
+    return np.ones((1, self.engine.config.num_layers, self.units_per_layer), np.float32)
 
   def run(self, keep, *, progress: bool = False, per_doc: bool = False) -> dict[str, np.ndarray]:
-    return run(self.engine, self.task, self.docs, keep, head_fill=self.head_fill, progress=progress,
+    return run(self.engine, self.task, self.docs, keep, unit=self.unit, fill=self.fill, progress=progress,
                per_doc=per_doc)
 
   def batches(self, keep, *, per_doc: bool = False) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
-    return run_batches(self.engine, self.task, self.docs, keep, head_fill=self.head_fill, per_doc=per_doc)
+    return run_batches(self.engine, self.task, self.docs, keep, unit=self.unit, fill=self.fill, per_doc=per_doc)
 
   def scored_requests(self, docs: Sequence[int] | None = None) -> list[ScoringRequest]:
     """One request per document (all, or those indexed by `docs`) whose log-probability is the task's
@@ -196,18 +222,26 @@ class Evaluator:
     return [requests[int(i)] for i in self.task.scored_request_index(chosen)]
 
   def first_order_change(self) -> np.ndarray:
-    """[N] first-order score change of ablating each head: -d(mean log-probability of the scored requests)/
+    """[N] first-order score change of ablating each unit: -d(mean log-probability of the scored requests)/
     d(keep mask) at the unablated model, one backward pass."""
-    c = self.engine.config
-    _, grad = self.engine.mask_objective(self.scored_requests(), np.ones((1, c.num_layers, c.num_heads)),
-                                         head_fill=self.head_fill)
+    _, grad = self.engine.mask_objective(self.scored_requests(), **engine_masks(self.unit, self._all_kept(),
+                                                                                self.fill))
     return -grad[0].reshape(-1)
+
+  def attribution(self, steps: int, progress: bool = False) -> np.ndarray:
+    """float [docs, N]: each document's integrated-gradients attribution of every neuron for its scored request
+    (`engine.neuron_attribution`; CNL's per-sample scores)."""
+    if self.unit != "neurons":
+      raise UserError("integrated-gradients attribution is over neurons (--unit=neurons)")
+    requests = self.scored_requests()
+    with tqdm(total=len(requests), desc=f"{self.name} attribution", unit="doc", disable=not progress) as bar:
+      scores = self.engine.neuron_attribution(requests, steps, self.fill, progress=bar.update)
+    return scores.reshape(len(requests), -1)
 
   def unablated_logprob(self) -> np.ndarray:
     """float [docs]: each scored request's log-probability under the unablated model (computed once)."""
     if self._unablated is None:
-      c = self.engine.config
-      out = self.engine.score(self.scored_requests(), np.ones((1, c.num_layers, c.num_heads)), self.head_fill)
+      out = self.engine.score(self.scored_requests(), **engine_masks(self.unit, self._all_kept(), self.fill))
       self._unablated = np.asarray(out.logprob[0], np.float64)
     return self._unablated
 
@@ -216,8 +250,9 @@ class Evaluator:
     relative to the unablated model and capped at 1 (exp(min(logprob - unablated, 0))), float [masks], and its
     gradient in the mask [masks, layers, heads]: the bounded, differentiable score a learned mask trains on."""
     docs = np.asarray(docs, np.int64)
-    return self.engine.mask_objective(self.scored_requests(docs), keep, np.full(len(docs), 1.0 / len(docs)),
-                                      self.unablated_logprob()[docs], retained=True, head_fill=self.head_fill)
+    return self.engine.mask_objective(self.scored_requests(docs), weights=np.full(len(docs), 1.0 / len(docs)),
+                                      offsets=self.unablated_logprob()[docs], retained=True,
+                                      **engine_masks(self.unit, keep, self.fill))
 
 
 @dataclasses.dataclass

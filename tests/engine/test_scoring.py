@@ -99,7 +99,7 @@ def test_mean_ablation_matches_torch_fill(smollm2, smollm2_engine, smollm2_torch
 
   requests = few_shot_requests(4, seed=3)
   engine = smollm2_engine
-  means = engine.head_means(requests)
+  means = engine.ablation_means(requests)[0]
   assert means.shape == (30, 9, 64) and np.abs(means).max() > 0
   heads = [(4, 2), (17, 6)]
   masks = np.ones((1, 30, 9), np.float32)

@@ -3,23 +3,25 @@
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloc.models.llama import lm_logits
+from jaxloc.models.llama import Ablation, lm_logits
 
 
-def logits(model, ids, head_mask=None) -> np.ndarray:
-  """jaxloc's logits [tokens, vocab] for one token sequence, under an optional head keep-mask [1, L, H]."""
+def logits(model, ids, head_mask=None, neuron_mask=None) -> np.ndarray:
+  """jaxloc's logits [tokens, vocab] for one token sequence, under optional keep-masks [1, L, H] / [1, L, F]."""
   tokens = jnp.asarray(ids)[None, None]
-  out = model.module.apply({"params": model.params}, tokens, jnp.arange(len(ids))[None, None], head_mask=head_mask)
+  ablation = Ablation(head_mask=head_mask, neuron_mask=neuron_mask)
+  out = model.module.apply({"params": model.params}, tokens, jnp.arange(len(ids))[None, None], ablation)
   return np.asarray(lm_logits(model.config, model.params, out.hidden))[0, 0]
 
 
-def torch_logits(torch_model, ids, heads=()) -> np.ndarray:
-  """transformers' logits for the same sequence, with `heads` ablated by the o_proj pre-hook."""
+def torch_logits(torch_model, ids, heads=(), neurons=()) -> np.ndarray:
+  """transformers' logits for the same sequence, with `heads` ablated by the o_proj pre-hook and `neurons` by
+  zeroed down_proj columns."""
   import torch
 
-  from jaxloc.models.torch_reference import ablated_heads
+  from jaxloc.models.torch_reference import ablated_heads, zeroed_down_proj_columns
 
-  with torch.no_grad(), ablated_heads(torch_model, heads):
+  with torch.no_grad(), ablated_heads(torch_model, heads), zeroed_down_proj_columns(torch_model, neurons):
     return torch_model(torch.tensor([ids])).logits[0].numpy()
 
 
@@ -28,6 +30,25 @@ def keep_mask(config, heads) -> jnp.ndarray:
   for layer, head in heads:
     mask[0, layer, head] = 0
   return jnp.asarray(mask)
+
+
+def neuron_keep_mask(config, neurons) -> jnp.ndarray:
+  mask = np.ones((1, config.num_layers, config.intermediate_size), np.float32)
+  for layer, index in neurons:
+    mask[0, layer, index] = 0
+  return jnp.asarray(mask)
+
+
+def check_neuron_mask_parity(model, torch_model, ids, neurons, tolerance=1e-3) -> float:
+  """Ablating `neurons` matches zeroed down_proj columns to `tolerance`, changes the logits, and an all-ones
+  neuron mask changes no bit. Returns the largest difference from transformers."""
+  ours = logits(model, ids, neuron_mask=neuron_keep_mask(model.config, neurons))
+  difference = float(np.abs(ours - torch_logits(torch_model, ids, neurons=neurons)).max())
+  assert difference < tolerance
+  unmasked = logits(model, ids)
+  assert np.abs(ours - unmasked).max() > 1e-3
+  assert np.array_equal(unmasked, logits(model, ids, neuron_mask=neuron_keep_mask(model.config, [])))
+  return difference
 
 
 def check_head_mask_parity(model, torch_model, ids, heads) -> None:

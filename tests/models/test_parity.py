@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloc.models.llama import lm_logits
+from jaxloc.models.llama import Ablation, lm_logits
 from jaxloc.models.loading import load_model
 
 torch = pytest.importorskip("torch")
@@ -60,12 +60,12 @@ def tiny(request, tmp_path_factory):
   return loaded, reference
 
 
-def _jax_logits(loaded, tokens, positions=None, head_mask=None, token_valid=None):
+def _jax_logits(loaded, tokens, positions=None, head_mask=None, token_valid=None, neuron_mask=None):
   tokens = jnp.asarray(tokens)[:, None]  # [batch as masks, 1 request, seq]
   if positions is None:
     positions = jnp.arange(tokens.shape[-1])[None, None]
   out = loaded.module.apply({"params": loaded.params}, tokens, jnp.asarray(positions),
-                            head_mask=head_mask, token_valid=token_valid)
+                            Ablation(head_mask=head_mask, neuron_mask=neuron_mask), token_valid=token_valid)
   return np.asarray(lm_logits(loaded.config, loaded.params, out.hidden))[:, 0]
 
 
@@ -132,6 +132,46 @@ def test_all_ones_mask_is_bit_identical(tiny):
   tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, size=(2, 25))
   plain = _jax_logits(loaded, tokens)
   ones = _jax_logits(loaded, tokens, head_mask=jnp.ones((2, cfg.num_layers, cfg.num_heads)))
+  assert np.array_equal(plain, ones)
+
+
+def test_neuron_mask_matches_zeroed_down_proj_columns(tiny):
+  from jaxloc.models.torch_reference import zeroed_down_proj_columns
+
+  loaded, reference = tiny
+  cfg = loaded.config
+  rng = np.random.default_rng(4)
+  tokens = rng.integers(0, cfg.vocab_size, size=(1, 30))
+  # A third of every layer's neurons (a random tiny model spreads its function thinly), the last index included.
+  neurons = [(layer, int(i)) for layer in range(cfg.num_layers)
+             for i in rng.choice(cfg.intermediate_size - 1, cfg.intermediate_size // 3, replace=False)]
+  neurons.append((0, cfg.intermediate_size - 1))
+  mask = np.ones((1, cfg.num_layers, cfg.intermediate_size), np.float32)
+  for layer, index in neurons:
+    mask[0, layer, index] = 0
+  ours = _jax_logits(loaded, tokens, neuron_mask=jnp.asarray(mask))
+  with torch.no_grad(), zeroed_down_proj_columns(reference, neurons):
+    theirs = reference(torch.tensor(tokens)).logits.numpy()
+  with torch.no_grad():
+    clean = reference(torch.tensor(tokens)).logits.numpy()
+  assert np.abs(ours - theirs).max() < TOL_TINY
+  assert np.abs(theirs - clean).max() > 10 * TOL_TINY  # the ablation changed the logits (random MLPs are weak)
+  # Heads and neurons together: both ablations at once.
+  heads = np.ones((1, cfg.num_layers, cfg.num_heads), np.float32)
+  heads[0, 0, 1] = 0
+  from jaxloc.models.torch_reference import ablated_heads
+  both = _jax_logits(loaded, tokens, head_mask=jnp.asarray(heads), neuron_mask=jnp.asarray(mask))
+  with torch.no_grad(), zeroed_down_proj_columns(reference, neurons), ablated_heads(reference, [(0, 1)]):
+    theirs_both = reference(torch.tensor(tokens)).logits.numpy()
+  assert np.abs(both - theirs_both).max() < TOL_TINY
+
+
+def test_all_ones_neuron_mask_is_bit_identical(tiny):
+  loaded, _ = tiny
+  cfg = loaded.config
+  tokens = np.random.default_rng(5).integers(0, cfg.vocab_size, size=(2, 25))
+  plain = _jax_logits(loaded, tokens)
+  ones = _jax_logits(loaded, tokens, neuron_mask=jnp.ones((2, cfg.num_layers, cfg.intermediate_size)))
   assert np.array_equal(plain, ones)
 
 

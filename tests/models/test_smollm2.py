@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tests.models.parity import check_head_mask_parity, logits, torch_logits
+from tests.models.parity import check_head_mask_parity, check_neuron_mask_parity, logits, torch_logits
 
 pytest.importorskip("torch")
 
@@ -36,3 +36,9 @@ def test_logits_and_greedy_tokens_match_transformers(smollm2, smollm2_torch, pro
 def test_head_mask_matches_o_proj_pre_hook(smollm2, smollm2_torch):
   heads = [(2, 4), (15, 0), (15, 7), (29, 8)]  # query heads whose KV groups keep other heads on
   check_head_mask_parity(smollm2, smollm2_torch, smollm2.tokenizer(PROMPTS[4])["input_ids"], heads)
+
+
+def test_neuron_mask_matches_zeroed_down_proj_columns(smollm2, smollm2_torch):
+  rng = np.random.default_rng(0)
+  neurons = [(layer, int(i)) for layer in (0, 14, 29) for i in rng.choice(1536, 100, replace=False)]
+  check_neuron_mask_parity(smollm2, smollm2_torch, smollm2.tokenizer(PROMPTS[3])["input_ids"], neurons)

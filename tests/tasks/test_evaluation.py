@@ -41,16 +41,16 @@ class FakeEngine:
     kept = np.asarray(head_masks).reshape(len(head_masks), -1).sum(axis=1)
     return [[f"#### {int(k)}" for _ in requests] for k in kept]
 
-  def head_means(self, requests):
+  def ablation_means(self, requests):
     self.mean_requests = requests
-    return np.zeros((2, 4, 8), np.float32)
+    return np.zeros((2, 4, 8), np.float32), np.zeros((2, 16), np.float32)
 
 
 def test_loglikelihood_task_goes_through_score():
   engine, task = FakeEngine(), registry.get_task("counting")
   masks = np.ones((3, 2, 4))
   masks[1, 0, :] = 0
-  metrics = evaluation.run(engine, task, task.load_docs(num_samples=5), masks, head_fill="fill")
+  metrics = evaluation.run(engine, task, task.load_docs(num_samples=5), masks, fill="fill")
   assert engine.calls == ["score"] and engine.fills == ["fill"]
   np.testing.assert_allclose(metrics["accuracy"], [1.0, 0.0, 1.0])
   np.testing.assert_allclose(metrics["logprob"], [8.0, 4.0, 8.0])
