@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxloc import files
 from jaxloc.errors import UserError
+from jaxloc.heads import run_file
 from jaxloc.localize.run import Tasks, load_tasks, localize
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.report.plots import write_plots
@@ -30,7 +31,8 @@ from jaxloc.report.plots import write_plots
 class Run:
   """A finished localization run, read from its output directory (the ARCHITECTURE.md contract).
 
-  info: heads.json (model, task, method, metric, heads ranked most important first, top_k, flags, timing, ...).
+  info: heads.json (model, task, method, metric, heads ranked most important first, top_k, flags, timing, ...), or
+  neurons.json for a `--unit=neurons` run (the same with "neurons" for "heads").
   ablation: ablation.json (held-out validation), None when the run did not validate.
   coefficients: float [layers, heads], each head's estimated change in the metric when it is ablated; masks: bool
   [masks, layers, heads] (True = ablated), scores: float [masks] and baseline: the target's measurements. These
@@ -48,24 +50,38 @@ class Run:
   metrics: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
   @property
+  def unit(self) -> str:
+    """"heads" or "neurons"."""
+    return self.info.get("unit", "heads")
+
+  @property
   def top_k(self) -> list[str]:
-    """The selected heads, most important first (e.g. ["L8H1", "L20H5", ...])."""
+    """The selected heads (neurons), most important first (e.g. ["L8H1", "L20H5", ...])."""
     return list(self.info["top_k"])
 
   @property
+  def units(self) -> list[dict[str, Any]]:
+    """Every unit ranked: {"name", "layer", "head" (or "neuron"), "score"}."""
+    return list(self.info[self.unit])
+
+  @property
   def heads(self) -> list[dict[str, Any]]:
-    """Every head ranked: {"name", "layer", "head", "score"}."""
-    return list(self.info["heads"])
+    """Every head ranked (a head run's `units`)."""
+    if self.unit != "heads":
+      raise UserError(f"{self.directory} localized {self.unit}: read run.units")
+    return self.units
 
 
 def read_run(output_dir: str) -> Run:
   """The outputs of a finished `experiments.localize` or `run_localization` run in `output_dir` (in a
   multi-process run, as process 0 wrote them)."""
   path = functools.partial(os.path.join, output_dir)
-  info = files.read_json(path("heads.json"))
+  info = files.read_json(path(run_file("heads")))
+  if info is None:
+    info = files.read_json(path(run_file("neurons")))
   measured = files.read_arrays(path("measurements.npz"))
   if info is None:
-    raise UserError(f"{output_dir} holds no finished run (no heads.json"
+    raise UserError(f"{output_dir} holds no finished run (no heads.json or neurons.json"
                     + ("; its measurements.npz is a run in progress: run the same command again to resume it)"
                        if measured is not None else ")"))
   masks = scores = baseline = None

@@ -1,10 +1,10 @@
-"""Evaluate a task with a fixed set of heads ablated (the `experiments.evaluate` contract).
+"""Evaluate a task with a fixed set of heads, or of MLP neurons, ablated (the `experiments.evaluate` contract).
 
 Result: {"model", "task", "heads", "ablation", "num_samples", "metrics": {name: value}} (a per-document metric's
-mean over samples; a task's aggregate-only metrics, e.g. an lm-eval corpus F1, by the task's own aggregation).
-With `curve`, the heads are a ranking and the result gains "curve": the unablated model and each prefix
-of the ranking (top-1, top-2, …, all), [{"heads", "metrics"}], evaluated as one batch of k+1 masks;
-"metrics" is still the full set's.
+mean over samples; a task's aggregate-only metrics, e.g. an lm-eval corpus F1, by the task's own aggregation);
+for neurons "neurons" takes the place of "heads". With `curve`, the units are a ranking and the result gains
+"curve": the unablated model and each prefix of the ranking (top-1, top-2, …, all), [{"heads" (or "neurons"),
+"metrics"}], evaluated as one batch of k+1 masks; "metrics" is still the full set's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloc.errors import UserError
-from jaxloc.heads import head_name, keep_mask, parse_heads
+from jaxloc.heads import check_unit, keep_mask, parse_units, unit_name, units_per_layer
 from jaxloc.tasks.base import Doc, Task
 from jaxloc.tasks.evaluation import Evaluator, load_task
 
@@ -28,50 +28,57 @@ def _check_ablation(ablation: str) -> None:
 
 def _evaluate(engine, task_name: str, keep_masks, *, ablation: str, num_samples: int | None, seed: int,
               data_dir: str | None, task_options: dict[str, Any] | None, progress: bool, per_doc: bool,
-              loaded: tuple[Task, list[Doc]] | None) -> tuple[dict[str, np.ndarray], list]:
+              loaded: tuple[Task, list[Doc]] | None, unit: str = "heads") -> tuple[dict[str, np.ndarray], list]:
   """(metrics, documents): the task (loaded here unless `loaded`) evaluated under every keep-mask as one batch."""
   _check_ablation(ablation)
+  check_unit(unit)
   task, docs = loaded or load_task(task_name, task_options, num_samples=num_samples, seed=seed, data_dir=data_dir)
-  evaluator = Evaluator.build(engine, task_name, task, docs, ablation)
+  evaluator = Evaluator.build(engine, task_name, task, docs, ablation, unit)
   metrics = evaluator.run(np.asarray(keep_masks, np.float32), progress=progress, per_doc=per_doc)
   return {name: np.asarray(values) for name, values in metrics.items()}, docs
 
 
 def evaluate_masks(engine, task_name: str, keep_masks, *, ablation: str = "zero", num_samples: int | None = None,
                    seed: int = 0, data_dir: str | None = None, task_options: dict[str, Any] | None = None,
-                   progress: bool = False, per_doc: bool = False, loaded: tuple[Task, list[Doc]] | None = None
-                   ) -> dict[str, np.ndarray]:
-  """A task's metrics under every keep-mask (float [masks, layers, heads], 1 keep, 0 ablate), evaluated as one
-  batch: name -> float [masks] (with `per_doc`, the per-document metrics, [masks, docs]). With mean ablation an
-  ablated head outputs its mean over the evaluated documents' tokens. `loaded`: the task and its documents when
-  already loaded (`tasks.evaluation.load_task`, before the model, as the CLI does)."""
+                   progress: bool = False, per_doc: bool = False, loaded: tuple[Task, list[Doc]] | None = None,
+                   unit: str = "heads") -> dict[str, np.ndarray]:
+  """A task's metrics under every keep-mask (float [masks, layers, units] over `unit`, heads or neurons; 1 keep,
+  0 ablate), evaluated as one batch: name -> float [masks] (with `per_doc`, the per-document metrics,
+  [masks, docs]). With mean ablation an ablated unit outputs its mean over the evaluated documents' tokens.
+  `loaded`: the task and its documents when already loaded (`tasks.evaluation.load_task`, before the model, as
+  the CLI does)."""
   return _evaluate(engine, task_name, keep_masks, ablation=ablation, num_samples=num_samples, seed=seed,
                    data_dir=data_dir, task_options=task_options, progress=progress, per_doc=per_doc,
-                   loaded=loaded)[0]
+                   loaded=loaded, unit=unit)[0]
 
 
 def evaluate_heads(engine, task_name: str, *, heads: str | Sequence[str] | None = None, ablation: str = "zero",
                    num_samples: int | None = None, seed: int = 0, data_dir: str | None = None,
                    task_options: dict[str, Any] | None = None, progress: bool = False,
-                   curve: bool = False, loaded: tuple[Task, list[Doc]] | None = None) -> dict[str, Any]:
-  """A task's metrics with `heads` (names, e.g. ["L8H1", "L20H5"] or "L8H1,L20H5") ablated: the
-  `experiments.evaluate` result (module docstring); with `curve`, also each prefix of the ranking `heads`.
+                   curve: bool = False, loaded: tuple[Task, list[Doc]] | None = None,
+                   neurons: str | Sequence[str] | None = None) -> dict[str, Any]:
+  """A task's metrics with `heads` (names, e.g. ["L8H1", "L20H5"] or "L8H1,L20H5") or `neurons` ("L3N117,...")
+  ablated: the `experiments.evaluate` result (module docstring); with `curve`, also each prefix of the ranking.
   `loaded` as for `evaluate_masks`."""
+  if heads and neurons:
+    raise UserError("give heads or neurons to ablate, not both")
+  unit, names = ("neurons", neurons) if neurons else ("heads", heads)
   config = engine.config
-  parsed = parse_heads(heads, config.num_layers, config.num_heads)
+  per_layer = units_per_layer(config, unit)
+  parsed = parse_units(names, config.num_layers, per_layer, unit)
   sets = [parsed[:k] for k in range(len(parsed) + 1)] if curve else [parsed]
-  masks = np.stack([keep_mask(heads, config.num_layers, config.num_heads) for heads in sets])
+  masks = np.stack([keep_mask(units, config.num_layers, per_layer) for units in sets])
   _check_ablation(ablation)
   metrics, docs = _evaluate(engine, task_name, masks, ablation=ablation if parsed else "zero", num_samples=num_samples,
                             seed=seed, data_dir=data_dir, task_options=task_options, progress=progress, per_doc=False,
-                            loaded=loaded)
-  rows = [{"heads": [head_name(layer, head) for layer, head in heads],
+                            loaded=loaded, unit=unit)
+  rows = [{unit: [unit_name(layer, index, unit) for layer, index in units],
            "metrics": {name: float(values[row]) for name, values in metrics.items()}}
-          for row, heads in enumerate(sets)]
+          for row, units in enumerate(sets)]
   result = {
       "model": engine.model.name,
       "task": task_name,
-      "heads": rows[-1]["heads"],
+      unit: rows[-1][unit],
       "ablation": ablation,
       "num_samples": len(docs),
       "metrics": rows[-1]["metrics"],

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxloc.errors import UserError
-from jaxloc.heads import parse_head
+from jaxloc.heads import parse_unit
 
 DESIGN_KINDS = ("bernoulli", "stratified", "single_head")
 
@@ -49,8 +49,9 @@ def unflatten_design(masks: np.ndarray, num_layers: int, num_heads: int) -> np.n
 
 
 def excluded_heads(exclude: ExcludeLike, num_heads_total: int,
-                   num_heads: int | None = None) -> np.ndarray:
-  """Normalizes an exclusion spec to bool [heads_total] (True = never ablated).
+                   num_heads: int | None = None, unit: str = "heads") -> np.ndarray:
+  """Normalizes an exclusion spec to bool [heads_total] (True = never ablated); the units are heads, or with
+  `unit="neurons"` MLP neurons (names like 'L3N117').
 
   `exclude` may be None, a bool array of shape [heads_total] or [layers, heads], flat int indices,
   (layer, head) pairs, or names like 'L15H13' (pairs and names need `num_heads`, the heads per
@@ -70,7 +71,7 @@ def excluded_heads(exclude: ExcludeLike, num_heads_total: int,
   num_layers = num_heads_total // num_heads
   for item in items:
     if isinstance(item, str):
-      layer, head = parse_head(item, num_layers, num_heads)
+      layer, head = parse_unit(item, num_layers, num_heads, unit)
       index = layer * num_heads + head
     elif isinstance(item, (tuple, list)) and len(item) == 2:
       layer, head = int(item[0]), int(item[1])

@@ -1,8 +1,11 @@
 """A localization run end to end: measure every task under the same masks (resumably), rank, select, find the
 universal heads, validate on held-out documents, bootstrap the confidence, write the outputs.
 
-Outputs in `output_dir` (contract, ARCHITECTURE.md): `measurements.npz` (the target's), `heads.json`,
-`coefficients.npy` [layers, heads], and after validation `ablation.json`; each general task's measurements
+The units are attention heads, or with `--unit=neurons` MLP neurons: only the layout changes (units per layer,
+their names, `neurons.json` for `heads.json`); below, "heads" stands for either.
+
+Outputs in `output_dir` (contract, ARCHITECTURE.md): `measurements.npz` (the target's), `heads.json` (or
+`neurons.json`), `coefficients.npy` [layers, units], and after validation `ablation.json`; each general task's measurements
 under the same masks in `general/<task>/measurements.npz` (same contract); `jaxloc.report` draws the plots.
 The runner drives the method through its plan (`methods.base`) and never asks which method it runs.
 
@@ -27,7 +30,7 @@ from tqdm import tqdm
 
 from jaxloc import files
 from jaxloc.errors import UserError
-from jaxloc.heads import head_name, parse_heads
+from jaxloc.heads import parse_units, run_file, singular, unit_name, units_per_layer
 from jaxloc.localize import confidence, designs, methods, specificity, validate
 from jaxloc.localize.measurements import MeasurementStore
 from jaxloc.localize.settings import LocalizeSettings
@@ -76,7 +79,8 @@ def load_tasks(settings: LocalizeSettings) -> Tasks:
     raise UserError(f"--metric={metric} is not a metric of {settings.task}{why}; localization can target "
                     f"{', '.join(task.metric_names) or 'none of its metrics'}")
   method = methods.get(settings.method)
-  if (method.uses_gradient or method.uses_objective) and task.output_type != "loglikelihood":
+  differentiates = method.uses_gradient or method.uses_objective or method.uses_attribution
+  if differentiates and task.output_type != "loglikelihood":
     raise UserError(f"--method={settings.method} needs a scored (loglikelihood) task; {settings.task} is a "
                     "generation task: use cs_stratified, two_stage or one_shot_greedy")
   general = []
@@ -147,19 +151,21 @@ class Found:
 
 def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, progress: bool = True
              ) -> dict[str, Any]:
-  """Runs (or resumes) a localization and writes its outputs; returns the heads.json payload."""
+  """Runs (or resumes) a localization and writes its outputs; returns the heads.json (neurons.json) payload."""
   tasks = tasks or load_tasks(settings)
   method = methods.get(settings.method)
   timing: dict[str, float] = {}
   start = time.perf_counter()
   compiled_before = engine.compile_count
   c = engine.config
-  exclude = parse_heads(settings.exclude_heads, c.num_layers, c.num_heads)
-  settings.exclude_heads = [head_name(*h) for h in exclude]
-  excluded = designs.excluded_heads(settings.exclude_heads, c.num_layers * c.num_heads, num_heads=c.num_heads)
+  unit = settings.unit
+  per_layer = units_per_layer(c, unit)
+  exclude = parse_units(settings.exclude_heads, c.num_layers, per_layer, unit)
+  settings.exclude_heads = [unit_name(*h, unit) for h in exclude]
+  excluded = designs.excluded_heads(settings.exclude_heads, c.num_layers * per_layer, num_heads=per_layer, unit=unit)
 
-  identification = [Evaluator.build(engine, t.name, t.task, t.docs, settings.ablation) for t in tasks.all]
-  measuring = _open_stores(settings, method, tasks, identification, (c.num_layers, c.num_heads))
+  identification = [Evaluator.build(engine, t.name, t.task, t.docs, settings.ablation, unit) for t in tasks.all]
+  measuring = _open_stores(settings, method, tasks, identification, (c.num_layers, per_layer))
   resumed = len(measuring[0].store)
   log.info("%s baseline %s = %.4f (%d samples)%s", settings.task, measuring[0].store.metric,
            measuring[0].store.baseline, len(tasks.target.docs),
@@ -172,8 +178,15 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
     timing["gradient_seconds"] = time.perf_counter() - t
     return change
 
+  def attribution() -> np.ndarray:
+    t = time.perf_counter()
+    scores = identification[0].attribution(settings.cnl_steps, progress)
+    timing["attribution_seconds"] = time.perf_counter() - t
+    return scores
+
   objective = RetainedProbability(identification)
-  context = methods.Context(c.num_layers, c.num_heads, excluded, gradient, objective, directory=settings.output_dir)
+  context = methods.Context(c.num_layers, per_layer, excluded, gradient, objective, directory=settings.output_dir,
+                            attribution=attribution)
   plan = method.plan(settings, context)
   t = time.perf_counter()
   measure(plan, measuring[0], measuring[1:], progress)
@@ -192,7 +205,7 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
   general_rankings = [specificity.estimate(plan, m.store) for m in measuring[1:]]
   timing["solve_seconds"] = time.perf_counter() - t
   files.save_array(os.path.join(settings.output_dir, "coefficients.npy"),
-                   ranking.values.reshape(c.num_layers, c.num_heads))
+                   ranking.values.reshape(c.num_layers, per_layer))
 
   # Universal heads and single-head checks are measured on documents the design never saw (held out; the
   # identification documents when not validating).
@@ -213,13 +226,13 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
   timing["bootstrap_seconds"] = time.perf_counter() - t
   timing["total_seconds"] = time.perf_counter() - start
 
-  payload = _heads_json(settings, c.num_heads, found, excluded, conf, measuring, confirming)
+  payload = _heads_json(settings, per_layer, found, excluded, conf, measuring, confirming)
   payload.update(num_layers=c.num_layers, timing=timing,
                  engine={"compilations": engine.compile_count - compiled_before,
                          "seconds_per_mask": timing.get("seconds_per_mask"), "dtype": np.dtype(engine.model.dtype).name,
                          "activation_dtype": np.dtype(engine.dtype).name,
                          "devices": engine.mesh.size, "processes": jax.process_count()})
-  files.write_json(os.path.join(settings.output_dir, "heads.json"), payload)
+  files.write_json(os.path.join(settings.output_dir, run_file(unit)), payload)
   return payload
 
 
@@ -257,14 +270,15 @@ def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring
     return specificity.select(order, effects, excluded, universal, settings.selection,
                               settings.specific_max_general_drop, count)
 
-  # One batch of single-head ablations for the candidates and the heads selected if none is universal, then
-  # any head the final selection adds.
-  first = list(dict.fromkeys(candidates + select([])))
+  # One batch of single-head ablations for the candidates and the first --curve_k heads selected if none is
+  # universal, then any of the first --curve_k the final selection adds (a neuron selection of hundreds is
+  # checked alone only at its head).
+  first = list(dict.fromkeys(candidates + select([])[:settings.curve_k]))
   alone = dict(zip(first, validate.single_head_drops(first, confirming)))
   universal = [h for h in candidates
                if specificity.breaks(alone[h], settings.universal_threshold, settings.universal_min_tasks)]
   selected = select(universal)
-  missing = [h for h in selected if h not in alone]
+  missing = [h for h in selected[:settings.curve_k] if h not in alone]
   alone.update(zip(missing, validate.single_head_drops(missing, confirming)))
   if len(selected) < settings.top_k:
     log.warning("only %d heads qualify under --selection=%s (try --selection=raw or a larger "
@@ -276,23 +290,25 @@ def _validate(settings: LocalizeSettings, found: Found, held_out: validate.Score
               ) -> None:
   """ablation.json: the selected heads ablated together on held-out documents (and in-sample, labelled), the
   specificity curves of the selection and of the raw ranking, the held-out single-head drops."""
-  name = lambda h: head_name(*divmod(int(h), held_out.num_heads))  # noqa: E731
+  unit, name = held_out.unit, held_out.name
   top = found.selected[:settings.top_k]
-  curve = validate.ablation_curve(found.selected, settings.curve_k, held_out)
+  curve = validate.ablation_curve(found.selected, max(settings.curve_k, len(top)), held_out, also=[len(top)])
   in_sample = validate.ablation_curve(top, len(top), identification)
   ablation: dict[str, Any] = {
-      "metric": held_out.metrics[0], "selection": settings.selection, "heads": [name(h) for h in top],
-      "held_out": validate.drops_at(curve, min(len(top), len(curve["k"]) - 1)),
+      "metric": held_out.metrics[0], "selection": settings.selection, "unit": unit, unit: [name(h) for h in top],
+      "held_out": validate.drops_at(curve, len(top)),
       "in_sample": validate.drops_at(in_sample, len(top)),
       "specificity_curve": curve,
-      "single_head_drops": {name(h): {task_label(e.name): float(d) for e, d in zip(held_out.eval_sets, drops)}
-                            for h, drops in found.alone.items()},
-      "universal_heads": [name(h) for h in found.universal],
+      f"single_{singular(unit)}_drops": {name(h): {task_label(e.name): float(d)
+                                                  for e, d in zip(held_out.eval_sets, drops)}
+                                         for h, drops in found.alone.items()},
+      f"universal_{unit}": [name(h) for h in found.universal],
   }
   if settings.selection != "raw":
     raw = specificity.select(found.order, found.effects, np.zeros(len(found.ranking.values), bool), found.universal,
                              "raw", 0.0, settings.curve_k)
-    ablation["raw_specificity_curve"] = validate.ablation_curve(raw, settings.curve_k, held_out)
+    ablation["raw_specificity_curve"] = validate.ablation_curve(raw, max(settings.curve_k, len(top)), held_out,
+                                                                also=[len(top)])
   files.write_json(os.path.join(settings.output_dir, "ablation.json"), ablation)
 
 
@@ -312,33 +328,36 @@ def _confidence(settings: LocalizeSettings, method, context: methods.Context, fo
                               settings.seed, progress)
 
 
-def _heads_json(settings: LocalizeSettings, num_heads: int, found: Found, excluded: np.ndarray,
+def _heads_json(settings: LocalizeSettings, per_layer: int, found: Found, excluded: np.ndarray,
                 conf: confidence.Confidence | None, measuring: list[Measuring], confirming: validate.Scorer
                 ) -> dict[str, Any]:
-  name = lambda h: head_name(*divmod(int(h), num_heads))  # noqa: E731
+  unit = settings.unit
+  one = singular(unit)
+  name = lambda h: unit_name(*divmod(int(h), per_layer), unit)  # noqa: E731
   split = "held_out" if settings.validate else "in_sample"
-  # Every head: the selection first (in order), then the other ranked heads, universal and excluded heads last.
+  # Every unit: the selection first (in order), then the other ranked units, universal and excluded units last.
   chosen = set(found.selected) | set(found.universal)
   ordered = (found.selected + [h for h in found.order if h not in chosen] + found.universal
              + np.flatnonzero(excluded).tolist())
-  heads = []
+  units = []
   for h in ordered:
-    entry = {"name": name(h), "layer": h // num_heads, "head": h % num_heads, "score": float(found.ranking.values[h]),
+    entry = {"name": name(h), "layer": h // per_layer, one: h % per_layer, "score": float(found.ranking.values[h]),
              "estimated_relative_drop": {task_label(k): v for k, v in found.effects.of(h).items()}}
     if conf is not None:
       entry.update(selection_frequency=float(conf.selection_frequency[h]),
                    interval=[float(conf.low[h]), float(conf.high[h])])
     if h in found.alone:
-      entry[f"{split}_single_head_drop"] = {task_label(e.name): float(d) for e, d in zip(confirming.eval_sets, found.alone[h])}
-    heads.append(entry)
+      entry[f"{split}_single_{one}_drop"] = {task_label(e.name): float(d)
+                                             for e, d in zip(confirming.eval_sets, found.alone[h])}
+    units.append(entry)
   target = measuring[0].store
   return {
       "model": settings.model, "task": settings.task, "method": settings.method, "metric": target.metric,
-      "num_heads": num_heads, "num_evaluations": len(target), "baseline": target.baseline,
-      "num_docs": len(measuring[0].evaluator.docs), "heads": heads,
+      "unit": unit, f"num_{unit}": per_layer, "num_evaluations": len(target), "baseline": target.baseline,
+      "num_docs": len(measuring[0].evaluator.docs), unit: units,
       "top_k": [name(h) for h in found.selected[:settings.top_k]],
       "selection": specificity.selection_rule(settings.selection, settings.specific_max_general_drop),
-      "universal_heads": [name(h) for h in found.universal],
+      f"universal_{unit}": [name(h) for h in found.universal],
       "universal": {"rule": specificity.universal_rule(settings.universal_threshold, settings.universal_min_tasks),
                     "threshold": settings.universal_threshold, "min_tasks": settings.universal_min_tasks,
                     "confirmed_on": split, "candidates": [name(h) for h in found.candidates]},

@@ -33,6 +33,13 @@ class LocalizeSettings:
   output_dir: str = setting(None, "Where outputs go (and where a resumed run finds them).", type=str, required=True)
   method: str = setting("cs_stratified", "Localization method (one of jaxloc.localize.methods.names()).",
                         choices="methods")
+  unit: str = setting("heads", "What to localize: attention heads, or MLP neurons (the input of down_proj; methods "
+                      "cnl, gradient_confirm, one_shot_greedy). Names: L15H13 / L3N117.", choices=("heads", "neurons"))
+  cnl_steps: int = setting(20, "cnl: integrated-gradients steps along the 0 -> activation path.", lower=1)
+  cnl_threshold: float = setting(0.2, "cnl: a document selects the neurons whose attribution is above this fraction "
+                                 "of its largest attribution.", lower=1e-6, upper=1.0)
+  cnl_commonality: float = setting(0.4, "cnl: commonality neurons are those selected by at least this fraction of "
+                                   "the documents.", lower=1e-6, upper=1.0)
   task_options: dict = setting({}, "Task options as key=value.")
   num_masks: int = setting(300, "Evaluation budget of the method: design masks for compressed sensing and "
                            "two_stage (screen plus confirmations); heads confirmed for gradient_confirm and "
@@ -62,8 +69,9 @@ class LocalizeSettings:
   nonpositive: bool = setting(False, "Constrain Lasso coefficients to ≤ 0 (ablation can only hurt).")
   solver_dtype: str = setting("float64", "Precision of the Lasso solve.", choices=("float64", "float32"))
   check_sklearn: bool = setting(False, "Also solve with scikit-learn and record the largest difference.")
-  top_k: int = setting(5, "Heads reported and validated (and rounds of iterative greedy).", lower=1)
-  exclude_heads: list = setting([], "Heads never ablated, e.g. L0H1,L1H3 (known universal heads).")
+  top_k: int = setting(5, "Heads (neurons) reported and validated (and rounds of iterative greedy).", lower=1)
+  exclude_heads: list = setting([], "Heads (with --unit=neurons: neurons) never ablated, e.g. L0H1,L1H3 (known "
+                                "universal heads) or L3N117.")
   seed: int = setting(0, "Seed of the design, the CV folds and the document subset.")
   data_dir: str = setting(None, "Directory of offline dataset files (default $JAXLOC_DATA).", type=str)
   ablation: str = setting("zero", "Zero ablation or mean ablation.", choices=("zero", "mean"))
@@ -88,7 +96,9 @@ class LocalizeSettings:
   universal_candidates: int = setting(10, "At most this many heads the estimates flag as universal are confirmed "
                                       "by ablating them alone (best-ranked on the target first).", lower=0)
   curve_k: int = setting(10, "Heads in the specificity curve (the target drop and the largest general drop for "
-                         "the top 1..curve_k selected heads ablated together, held out).", lower=1)
+                         "the top 1..curve_k selected heads ablated together, held out; the curve extends to "
+                         "--top_k, on a geometric ladder past 12), and the selected heads also ablated alone.",
+                         lower=1)
   bootstrap: int = setting(200, "Bootstrap resamples (of documents, and of masks for random designs) that give each "
                            "head a selection frequency and an interval on its value; no model evaluations. 0: off.",
                            lower=0)
@@ -116,9 +126,13 @@ class LocalizeSettings:
         raise UserError(f"--lasso_alpha={self.lasso_alpha!r} must be 'cv' or a number ≥ 0") from None
       if alpha < 0:
         raise UserError(f"--lasso_alpha={self.lasso_alpha} must be ≥ 0")
-    methods.get(self.method).check(self)
+    method = methods.get(self.method)
+    if self.unit not in method.units:
+      raise UserError(f"--method={self.method} localizes {' or '.join(method.units)}, not {self.unit}; with "
+                      f"--unit={self.unit} use " + ", ".join(methods.names_for(self.unit)))
+    method.check(self)
 
   def shared_measurement_settings(self) -> dict[str, Any]:
     """The settings that make any method's measurements what they are (a method adds its own)."""
-    return {k: getattr(self, k) for k in ("model", "task", "task_options", "method", "num_samples", "seed",
+    return {k: getattr(self, k) for k in ("model", "task", "task_options", "method", "unit", "num_samples", "seed",
                                           "exclude_heads", "ablation", "data_dir")}

@@ -1,6 +1,8 @@
-"""After identification: ablate heads on documents and measure every task (held-out documents in a run).
+"""After identification: ablate units (heads, or neurons) on documents and measure every task (held-out
+documents in a run).
 
-Axes: `k` (0 = unablated, then the first 1, 2, ... heads of an order ablated together), `layers`, `heads`.
+Axes: `k` (0 = unablated, then the first 1, 2, ... units of an order ablated together; past
+`EVERY_K_UP_TO` a geometric ladder of k), `layers`, `units` (per layer).
 An `eval_sets` list holds the target first, then the general tasks; each is measured in its own metric
 (`metrics`, the target's localized metric and each general task's default metric).
 
@@ -15,10 +17,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxloc.heads import head_name
+from jaxloc.heads import unit_name
 from jaxloc.tasks.evaluation import Evaluator
 
 INTERVAL_RESAMPLES = 1000
+# A curve measures every k up to this, then about CURVE_LADDER more points spaced geometrically (a neuron curve
+# to k = 320 costs ~30 masks, not 321).
+EVERY_K_UP_TO = 12
+CURVE_LADDER = 12
 
 
 def relative_drop(baseline: float, values: np.ndarray) -> np.ndarray:
@@ -29,12 +35,21 @@ def relative_drop(baseline: float, values: np.ndarray) -> np.ndarray:
   return (baseline - values) / abs(baseline)
 
 
-def _cumulative_masks(order: Sequence[int], k: int, num_layers: int, num_heads: int) -> np.ndarray:
-  """Keep-masks [k+1, L, H]: row j ablates the first j heads of `order`."""
-  masks = np.ones((k + 1, num_layers * num_heads), np.float32)
-  for j in range(1, k + 1):
-    masks[j:, order[j - 1]] = 0
-  return masks.reshape(k + 1, num_layers, num_heads)
+def curve_points(k: int, also: Sequence[int] = ()) -> list[int]:
+  """The k of a curve to k: every k up to EVERY_K_UP_TO, then a geometric ladder to k, with `also` (≤ k) added."""
+  points = set(range(min(k, EVERY_K_UP_TO) + 1))
+  if k > EVERY_K_UP_TO:
+    points.update(int(round(x)) for x in np.geomspace(EVERY_K_UP_TO, k, CURVE_LADDER + 1))
+  points.update(int(a) for a in also if 0 <= a <= k)
+  return sorted(points)
+
+
+def _cumulative_masks(order: Sequence[int], points: Sequence[int], num_layers: int, per_layer: int) -> np.ndarray:
+  """Keep-masks [len(points), L, U]: row j ablates the first points[j] units of `order`."""
+  masks = np.ones((len(points), num_layers * per_layer), np.float32)
+  for row, k in enumerate(points):
+    masks[row, np.asarray(order[:k], np.int64)] = 0
+  return masks.reshape(len(points), num_layers, per_layer)
 
 
 class Scorer:
@@ -45,11 +60,15 @@ class Scorer:
   def __init__(self, eval_sets: Sequence[Evaluator], metrics: Sequence[str]):
     self.eval_sets, self.metrics = list(eval_sets), list(metrics)
     self._cache: list[dict[bytes, np.ndarray]] = [{} for _ in self.eval_sets]  # mask bytes -> float [docs]
-    c = self.eval_sets[0].engine.config
-    self.num_layers, self.num_heads = c.num_layers, c.num_heads
+    first = self.eval_sets[0]
+    self.unit = first.unit
+    self.num_layers, self.units_per_layer = first.engine.config.num_layers, first.units_per_layer
+
+  def name(self, flat: int) -> str:
+    return unit_name(*divmod(int(flat), self.units_per_layer), self.unit)
 
   def per_doc(self, keep: np.ndarray) -> list[np.ndarray]:
-    """Per eval set, float [masks, docs] of its metric under each keep-mask [masks, L, H]."""
+    """Per eval set, float [masks, docs] of its metric under each keep-mask [masks, L, U]."""
     keep = np.asarray(keep, np.float32)
     keys = [row.tobytes() for row in keep]
     for eval_set, metric, cache in zip(self.eval_sets, self.metrics, self._cache):
@@ -75,50 +94,59 @@ def drop_interval(per_doc: np.ndarray, seed: int = 0) -> np.ndarray:
 
 
 def single_head_drops(heads: Sequence[int], scorer: Scorer) -> np.ndarray:
-  """Relative drop [heads, eval sets] of each set's metric with one head ablated."""
+  """Relative drop [units, eval sets] of each set's metric with one unit (head or neuron) ablated."""
   drops = np.zeros((len(heads), len(scorer.eval_sets)))
   if not len(heads):
     return drops
-  keep = np.ones((len(heads) + 1, scorer.num_layers * scorer.num_heads), np.float32)
+  keep = np.ones((len(heads) + 1, scorer.num_layers * scorer.units_per_layer), np.float32)
   keep[np.arange(1, len(heads) + 1), np.asarray(heads, np.int64)] = 0
-  for j, values in enumerate(scorer.per_doc(keep.reshape(-1, scorer.num_layers, scorer.num_heads))):
+  for j, values in enumerate(scorer.per_doc(keep.reshape(-1, scorer.num_layers, scorer.units_per_layer))):
     means = values.mean(axis=1)
     drops[:, j] = relative_drop(float(means[0]), means[1:])
   return drops
 
 
-def ablation_curve(order: Sequence[int], k: int, scorer: Scorer) -> dict[str, Any]:
-  """Every task's metric and relative drop (with its 95% interval) with the first 0..k heads of `order`
-  ablated together, and the largest general drop at each k (the specificity curve when `order` is a
-  selection)."""
+def ablation_curve(order: Sequence[int], k: int, scorer: Scorer, also: Sequence[int] = ()) -> dict[str, Any]:
+  """Every task's metric and relative drop (with its 95% interval) with the first k' units of `order` ablated
+  together, for every k' of `curve_points(k, also)`, and the largest general drop at each (the specificity curve
+  when `order` is a selection). "k" lists the k' measured; the unit names are the first k of `order`."""
   eval_sets, metrics = scorer.eval_sets, scorer.metrics
   k = min(k, len(order))
-  per_doc = scorer.per_doc(_cumulative_masks(order, k, scorer.num_layers, scorer.num_heads))
+  points = curve_points(k, also)
+  per_doc = scorer.per_doc(_cumulative_masks(order, points, scorer.num_layers, scorer.units_per_layer))
 
   def entry(eval_set, metric, values):
     scores = values.mean(axis=1)
-    interval = np.full((k + 1, 2), np.nan) if scores[0] == 0 else drop_interval(values)
+    interval = np.full((len(points), 2), np.nan) if scores[0] == 0 else drop_interval(values)
     return {"metric": metric, "num_docs": len(eval_set.docs), "scores": scores.tolist(),
             "relative_drop": relative_drop(float(scores[0]), scores).tolist(),
             "relative_drop_interval": [[None if np.isnan(x) else float(x) for x in row] for row in interval]}
 
   entries = [entry(s, m, v) for s, m, v in zip(eval_sets, metrics, per_doc)]
-  general = np.array([e["relative_drop"] for e in entries[1:]], float).reshape(-1, k + 1)
+  general = np.array([e["relative_drop"] for e in entries[1:]], float).reshape(-1, len(points))
   return {
-      "heads": [head_name(*divmod(int(h), scorer.num_heads)) for h in order[:k]],
-      "k": list(range(k + 1)),
+      scorer.unit: [scorer.name(h) for h in order[:k]],
+      "k": points,
       "task": {"name": eval_sets[0].name, **entries[0]},
       "general": {s.name: e for s, e in zip(eval_sets[1:], entries[1:])},
       "max_general_relative_drop": [None if np.all(np.isnan(col)) else float(np.nanmax(col)) for col in general.T],
   }
 
 
+def curve_unit(curve: dict[str, Any]) -> str:
+  """"heads" or "neurons": which units a curve ablates."""
+  return "neurons" if "neurons" in curve else "heads"
+
+
 def drops_at(curve: dict[str, Any], k: int) -> dict[str, Any]:
-  """The `held_out`/`in_sample` record of ablation.json: the drops with the first k heads of a curve ablated."""
-  return {"num_docs": curve["task"]["num_docs"], "k": k, "heads": curve["heads"][:k],
-          "task_relative_drop": curve["task"]["relative_drop"][k],
-          "task_relative_drop_interval": curve["task"]["relative_drop_interval"][k],
-          "general_relative_drop": {name: g["relative_drop"][k] for name, g in curve["general"].items()},
-          "general_relative_drop_interval": {name: g["relative_drop_interval"][k]
+  """The `held_out`/`in_sample` record of ablation.json: the drops with the first k units of a curve ablated (k
+  must be one of the curve's points)."""
+  j = curve["k"].index(k)
+  unit = curve_unit(curve)
+  return {"num_docs": curve["task"]["num_docs"], "k": k, unit: curve[unit][:k],
+          "task_relative_drop": curve["task"]["relative_drop"][j],
+          "task_relative_drop_interval": curve["task"]["relative_drop_interval"][j],
+          "general_relative_drop": {name: g["relative_drop"][j] for name, g in curve["general"].items()},
+          "general_relative_drop_interval": {name: g["relative_drop_interval"][j]
                                              for name, g in curve["general"].items()},
           "general_num_docs": {name: g["num_docs"] for name, g in curve["general"].items()}}

@@ -16,7 +16,7 @@ from jaxloc.bench.diagnostics import spearman
 
 def agreement(a, b, ks: Sequence[int] = (5, 10)) -> dict[str, Any]:
   """a, b: `jaxloc.api.Run`s (read_run) of the same model, task and metric."""
-  ranked = [[h["name"] for h in run.heads] for run in (a, b)]
+  ranked = [[h["name"] for h in run.units] for run in (a, b)]
   result: dict[str, Any] = {
       "runs": [a.directory, b.directory],
       "dtypes": [_dtype(run) for run in (a, b)],

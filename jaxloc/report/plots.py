@@ -1,5 +1,6 @@
 """Pictures of a localization run: the layer × head coefficient heatmap (top-k boxed with their bootstrap
-selection frequency, universal heads crossed), the held-out ablation curve of every task for the selected heads,
+selection frequency, universal heads crossed) or, for neurons, the per-layer plot (top-k neurons per layer and
+each layer's share of the ranking's value), the held-out ablation curve of every task for the selected units,
 and the specificity curve (target drop against the largest general drop, selected vs raw ranking)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxloc import files  # noqa: E402
+from jaxloc.heads import run_file  # noqa: E402
 from jaxloc.report.summary import task_label  # noqa: E402
 
 
@@ -49,9 +51,36 @@ def heatmap(coefficients: np.ndarray, heads: dict[str, Any], path: str) -> None:
   plt.close(fig)
 
 
+def neurons_per_layer(coefficients: np.ndarray, neurons: dict[str, Any], path: str) -> None:
+  """Per layer: how many of the top-k neurons it holds (bars) and its share of the ranking's total value (line;
+  the value of a cnl ranking is minus the fraction of documents selecting the neuron)."""
+  num_layers = coefficients.shape[0]
+  counts = np.zeros(num_layers, int)
+  layer_of = {n["name"]: n["layer"] for n in neurons["neurons"]}
+  for name in neurons["top_k"]:
+    counts[layer_of[name]] += 1
+  mass = -np.minimum(coefficients, 0).sum(axis=1) if (coefficients < 0).any() else np.abs(coefficients).sum(axis=1)
+  share = mass / mass.sum() if mass.sum() else mass
+  fig, ax = plt.subplots(figsize=(7.5, 4.0))
+  ax.bar(np.arange(num_layers), counts, color="tab:blue", alpha=0.8, label=f"top-{len(neurons['top_k'])} neurons")
+  ax.set_xlabel("layer")
+  ax.set_ylabel("neurons in the top-k", color="tab:blue")
+  twin = ax.twinx()
+  twin.plot(np.arange(num_layers), share * 100, color="black", marker=".", label="share of the ranking's value")
+  twin.set_ylabel("share of |value| (%)")
+  label = (neurons.get("solver") or {}).get("value", "score")
+  ax.set_title(f"{task_label(neurons['task'])} on {os.path.basename(str(neurons['model']))}: {neurons['method']} "
+               f"over {num_layers} x {coefficients.shape[1]} neurons\nbars: top-{len(neurons['top_k'])} per layer; "
+               f"line: {label}", fontsize=9)
+  fig.tight_layout()
+  files.save_figure(path, fig, dpi=130)
+  plt.close(fig)
+
+
 def ablation_curve(ablation: dict[str, Any], path: str) -> None:
-  """Held-out relative drop of the target and of each general task as the selected heads are ablated together."""
+  """Held-out relative drop of the target and of each general task as the selected units are ablated together."""
   curve = ablation["specificity_curve"]
+  unit = ablation.get("unit", "heads")
   k = curve["k"]
   task = curve["task"]
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -61,12 +90,15 @@ def ablation_curve(ablation: dict[str, Any], path: str) -> None:
     ax.plot(k, np.array(general["relative_drop"], float) * 100, marker=".", linewidth=1.2, alpha=0.8,
             label=f"{task_label(name)} ({general['metric']})")
   ax.axhline(0, color="grey", linewidth=0.8)
-  ax.set_xticks(k)
-  ax.set_xticklabels(["none"] + [f"+{h}" for h in curve["heads"]], rotation=30, ha="right", fontsize=8)
-  ax.set_xlabel(f"heads ablated (cumulative, {ablation['selection']} selection order)")
+  if k == list(range(len(k))) and len(k) <= 16:  # every k: name the unit each step adds
+    ax.set_xticks(k)
+    ax.set_xticklabels(["none"] + [f"+{h}" for h in curve[unit][:k[-1]]], rotation=30, ha="right", fontsize=8)
+  else:
+    ax.set_xscale("symlog", linthresh=10)
+  ax.set_xlabel(f"{unit} ablated (cumulative, {ablation['selection']} selection order)")
   ax.set_ylabel("relative drop on held-out documents (%)")
   ax.legend(fontsize=8)
-  ax.set_title("Ablating the selected heads: target task vs general tasks", fontsize=10)
+  ax.set_title(f"Ablating the selected {unit}: target task vs general tasks", fontsize=10)
   fig.tight_layout()
   files.save_figure(path, fig, dpi=130)
   plt.close(fig)
@@ -93,13 +125,17 @@ def specificity_curve(ablation: dict[str, Any], path: str) -> None:
     if style == "-" and "relative_drop_interval" in curve["task"]:  # 95% intervals of the run's selection
       ax.fill_between(k, *_band(curve["task"]["relative_drop_interval"]), color="black", alpha=0.12, linewidth=0)
       worst = [max(curve["general"].values(), key=lambda g: np.nan_to_num(g["relative_drop"][j], nan=-np.inf))
-               for j in k] if curve["general"] else []
+               for j in range(len(k))] if curve["general"] else []
       if worst:
-        ax.fill_between(k, *_band([g["relative_drop_interval"][j] for j, g in zip(k, worst)]), color="tab:red",
+        ax.fill_between(k, *_band([g["relative_drop_interval"][j] for j, g in enumerate(worst)]), color="tab:red",
                         alpha=0.12, linewidth=0)
   ax.axhline(0, color="grey", linewidth=0.8)
-  ax.set_xticks(curves[0][1]["k"])
-  ax.set_xlabel("top-k heads ablated together")
+  points = curves[0][1]["k"]
+  if len(points) <= 16:
+    ax.set_xticks(points)
+  else:
+    ax.set_xscale("symlog", linthresh=10)
+  ax.set_xlabel(f"top-k {ablation.get('unit', 'heads')} ablated together")
   ax.set_ylabel("relative drop on held-out documents (%)")
   ax.legend(fontsize=8)
   ax.set_title("Specificity curve: target drop vs the largest general-task drop", fontsize=10)
@@ -111,10 +147,15 @@ def specificity_curve(ablation: dict[str, Any], path: str) -> None:
 def write_plots(output_dir: str) -> list[str]:
   """Draws every plot a run's outputs allow; returns the paths written."""
   written = []
-  heads = files.read_json(os.path.join(output_dir, "heads.json"))
+  heads = files.read_json(os.path.join(output_dir, run_file("heads")))
+  neurons = None if heads is not None else files.read_json(os.path.join(output_dir, run_file("neurons")))
   coefficients = files.read_array(os.path.join(output_dir, "coefficients.npy"))
-  path = os.path.join(output_dir, "heatmap.png")
-  heatmap(coefficients, heads, path)
+  if heads is not None:
+    path = os.path.join(output_dir, "heatmap.png")
+    heatmap(coefficients, heads, path)
+  else:
+    path = os.path.join(output_dir, "neurons_per_layer.png")
+    neurons_per_layer(coefficients, neurons, path)
   written.append(path)
   ablation = files.read_json(os.path.join(output_dir, "ablation.json"))
   if ablation is not None:

@@ -30,7 +30,14 @@ def _drop(value, interval=None) -> str:
   return text
 
 
+# Rows of the top-k table printed (a neuron selection holds hundreds).
+MAX_ROWS = 20
+
+
 def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str:
+  """The run's summary from heads.json (or neurons.json: the same table over neurons) and ablation.json."""
+  unit = heads.get("unit", "heads")
+  one = unit[:-1]
   t = heads["timing"]
   lines = [f"{task_label(heads['task'])} on {heads['model']} ({heads['method']}, metric {heads['metric']}): "
            f"{heads['num_evaluations']} evaluations, baseline {heads['baseline']:.4f}"
@@ -45,6 +52,14 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
     lines.append(f"engine: {engine['seconds_per_mask']:.3f}s per mask (all tasks), {engine['compilations']} "
                  "compiled shapes")
   solver = heads.get("solver") or {}
+  if "located_neurons" in solver:
+    rate = solver.get("overlap_rate")
+    lines.append(f"cnl: {solver['located_neurons']} commonality neurons ({100 * solver['located_fraction_of_neurons']:.2f}%"
+                 f" of all) selected by ≥ {100 * solver['commonality']:.0f}% of {solver['documents']} documents "
+                 f"(threshold {solver['threshold']:g} of each document's largest attribution, "
+                 f"{solver['integrated_gradient_steps']} integrated-gradient steps); overlap rate between two halves "
+                 + ("n/a" if rate is None else f"{100 * rate:.1f}%")
+                 + f" ({solver['shared_neurons']} shared of {solver['half_neurons']})")
   if "lasso_alpha" in solver:
     line = (f"Lasso alpha {solver['lasso_alpha']:.3g} ({solver['alpha_selection']}), {solver['nonzero']} nonzero "
             f"coefficients")
@@ -53,24 +68,24 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
     lines.append(line)
   if heads.get("selection"):
     lines.append(f"selection: {heads['selection']}")
-  by_name = {h["name"]: h for h in heads["heads"]}
+  by_name = {h["name"]: h for h in heads[unit]}
   universal = heads.get("universal") or {}
   split = universal.get("confirmed_on", "held_out")
-  drop_key = f"{split}_single_head_drop"
+  drop_key = f"{split}_single_{one}_drop"
   if universal:
-    lines.append(f"universal heads (ablated alone, ≥ {100 * universal['threshold']:.0f}% drop on ≥ "
+    lines.append(f"universal {unit} (ablated alone, ≥ {100 * universal['threshold']:.0f}% drop on ≥ "
                  f"{universal['min_tasks']} tasks, {split.replace('_', '-')}): "
-                 + (", ".join(heads["universal_heads"]) or "none"))
-  for name in heads.get("universal_heads", []):
+                 + (", ".join(heads[f"universal_{unit}"]) or "none"))
+  for name in heads.get(f"universal_{unit}", []):
     drops = by_name[name].get(drop_key, {})
     lines.append(f"  {name}: " + ", ".join(f"{task} {_percent(d).strip()}" for task, d in drops.items()))
   tasks = [task_label(heads["task"])] + list(general)
   columns = "  ".join(f"{n:>{max(9, len(n))}s}" for n in tasks)
   confident = heads.get("confidence") is not None
-  head = f"{'rank':>4s}  {'head':7s} {'value':>8s}" + (f" {'selected':>8s} {'95% interval':>17s}" if confident else "")
+  head = f"{'rank':>4s}  {one:7s} {'value':>8s}" + (f" {'selected':>8s} {'95% interval':>17s}" if confident else "")
   lines.append(f"{head}   ablated alone ({split.replace('_', '-')}), relative drop:")
   lines.append(" " * (len(head) + 3) + columns)
-  for rank, name in enumerate(heads["top_k"], start=1):
+  for rank, name in enumerate(heads["top_k"][:MAX_ROWS], start=1):
     h = by_name[name]
     line = f"{rank:4d}  {name:7s} {h['score']:8.4f}"
     if confident:
@@ -78,9 +93,12 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
       line += f" {100 * h['selection_frequency']:7.0f}% [{low:7.3f},{high:7.3f}]"
     drops = h.get(drop_key, {})
     lines.append(line + "   " + "  ".join(f"{_percent(drops.get(n)):>{max(9, len(n))}s}" for n in tasks))
+  if len(heads["top_k"]) > MAX_ROWS:
+    lines.append(f"  ... {len(heads['top_k']) - MAX_ROWS} more {unit} in the top-{len(heads['top_k'])} "
+                 f"({'neurons' if unit == 'neurons' else 'heads'}.json)")
   if confident:
     lines.append(f"selected: share of {heads['confidence']['resamples']} bootstrap resamples "
-                 f"({heads['confidence']['resampled']}) whose top-{len(heads['top_k'])} holds the head")
+                 f"({heads['confidence']['resampled']}) whose top-{len(heads['top_k'])} holds the {one}")
   if ablation:
     for key, label in (("held_out", "held-out"), ("in_sample", "in-sample")):
       record = ablation.get(key)

@@ -28,7 +28,7 @@ class _CountingEvaluator:
     class config:  # noqa: N801
       num_layers, num_heads = 2, 3
 
-  name, docs = "t", [0, 1, 2]
+  name, docs, unit, units_per_layer = "t", [0, 1, 2], "heads", 3
 
   def __init__(self):
     self.masks_run = 0
@@ -50,3 +50,10 @@ def test_a_scorer_evaluates_each_distinct_mask_once_across_reports():
   np.testing.assert_allclose(curve["task"]["scores"], [4, 3, 2, 1])
   validate.ablation_curve([0, 2], 2, scorer)  # a prefix of the first curve: nothing new
   assert evaluator.masks_run == 6
+
+
+def test_a_long_curve_measures_a_ladder_of_k():
+  points = validate.curve_points(320, also=[100])
+  assert points[:13] == list(range(13)) and points[-1] == 320 and 100 in points
+  assert len(points) < 30 and points == sorted(set(points))
+  assert validate.curve_points(5) == [0, 1, 2, 3, 4, 5]

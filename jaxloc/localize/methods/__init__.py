@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from jaxloc.errors import UserError
 from jaxloc.localize.methods.base import Context, Measured, Method, Plan, Ranking
+from jaxloc.localize.methods.cnl import CommonalityNeurons
 from jaxloc.localize.methods.compressed_sensing import CompressedSensing
 from jaxloc.localize.methods.gradient_confirm import GradientConfirm
 from jaxloc.localize.methods.greedy import IterativeGreedy, OneShotGreedy
@@ -21,11 +22,17 @@ _REGISTRY: dict[str, Method] = {m.name: m for m in (
     GradientConfirm(),
     TwoStage(),
     LearnedMask(),
+    CommonalityNeurons(),
 )}
 
 
 def names() -> list[str]:
   return list(_REGISTRY)
+
+
+def names_for(unit: str) -> list[str]:
+  """The methods that localize `unit` ("heads" or "neurons")."""
+  return [name for name, method in _REGISTRY.items() if unit in method.units]
 
 
 def get(name: str) -> Method:

@@ -118,6 +118,8 @@ class Method(Protocol):
   name: str
   uses_gradient: bool  # pays one backward pass (the mask gradient) before measuring
   uses_objective: bool  # trains on every task's relaxed objective (`Context.objective`) before measuring
+  uses_attribution: bool  # pays integrated gradients over the target's documents (`Context.attribution`)
+  units: tuple[str, ...]  # what it localizes: "heads", "neurons"
 
   def check(self, settings) -> None:
     """UserError naming the flag if this method cannot run with `settings`."""
@@ -145,8 +147,11 @@ class Context:
   objective, and a place to keep intermediate results (e.g. a screen's coefficients) so that a resumed run
   decides the same way.
 
+  num_heads: the units per layer: query heads, or MLP neurons in a `--unit=neurons` run (the methods see one
+  layout, [layers, units], whatever the unit).
   gradient: () -> float [N], the first-order score change of ablating each head (-d score / d keep).
   objective: the tasks' relaxed objective (`RelaxedObjective`), for methods that train a mask.
+  attribution: () -> float [docs, N], each target document's integrated-gradients attribution of every unit.
   directory: where `remember` keeps arrays across runs (None: in memory, for benchmarks and tests).
   """
 
@@ -156,6 +161,7 @@ class Context:
   gradient: Callable[[], np.ndarray] | None = None
   objective: RelaxedObjective | None = None
   directory: str | None = None
+  attribution: Callable[[], np.ndarray] | None = None
   _memory: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
   @property
@@ -169,6 +175,12 @@ class Context:
     if self.gradient is None:
       raise ValueError("this run provides no mask gradient")
     return np.asarray(self.remember("gradient", self.gradient), np.float64).reshape(-1)
+
+  def document_attribution(self) -> np.ndarray:
+    """float [docs, N] (`attribution`), computed once per run directory."""
+    if self.attribution is None:
+      raise ValueError("this run provides no attribution")
+    return np.asarray(self.remember("attribution", self.attribution), np.float64)
 
   def remember(self, name: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
     """compute() once per run directory (saved as <name>.npy), or once per Context in memory."""

@@ -87,6 +87,8 @@ class CompressedSensing:
   design: str  # designs.DESIGN_KINDS
   uses_gradient: bool = False
   uses_objective: bool = False
+  uses_attribution: bool = False
+  units: tuple[str, ...] = ("heads",)
 
   def check(self, settings) -> None:
     check_design_settings(settings, 2)

@@ -15,6 +15,8 @@ class GradientConfirm:
   name: str = "gradient_confirm"
   uses_gradient: bool = True
   uses_objective: bool = False
+  uses_attribution: bool = False
+  units: tuple[str, ...] = ("heads", "neurons")
 
   def check(self, settings) -> None:
     del settings  # any --num_masks ≥ 1 (heads confirmed) works; the task kind is checked when it is loaded

@@ -22,6 +22,8 @@ class OneShotGreedy:
   name: str = "one_shot_greedy"
   uses_gradient: bool = False
   uses_objective: bool = False
+  uses_attribution: bool = False
+  units: tuple[str, ...] = ("heads", "neurons")
 
   def check(self, settings) -> None:
     del settings  # any --num_masks ≥ 1 works
@@ -127,6 +129,8 @@ class IterativeGreedy:
   name: str = "greedy"
   uses_gradient: bool = False
   uses_objective: bool = False
+  uses_attribution: bool = False
+  units: tuple[str, ...] = ("heads",)
 
   def check(self, settings) -> None:
     if settings.top_k < 1:

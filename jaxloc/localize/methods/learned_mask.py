@@ -188,6 +188,8 @@ class LearnedMask:
   name: str = "learned_mask"
   uses_gradient: bool = False
   uses_objective: bool = True
+  uses_attribution: bool = False
+  units: tuple[str, ...] = ("heads",)
 
   def check(self, settings) -> None:
     if not settings.mask_l0:

@@ -79,6 +79,8 @@ class TwoStage:
   name: str = "two_stage"
   uses_gradient: bool = False
   uses_objective: bool = False
+  uses_attribution: bool = False
+  units: tuple[str, ...] = ("heads",)
 
   def check(self, settings) -> None:
     check_design_settings(settings, 3)  # a screen of ≥ 2 masks and ≥ 1 confirmation
