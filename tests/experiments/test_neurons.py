@@ -95,3 +95,37 @@ def test_evaluate_refuses_heads_with_neurons_and_bad_names(tiny_model_dir, capit
   bad = run_cli("experiments.evaluate", f"--model={tiny_model_dir}", f"--task={capitals_jsonl}", "--cache_dir=none",
                 "--neurons=L0N48", "--progress=false")
   assert bad.returncode == 2 and "neuron L0N48 is out of range" in bad.stderr
+
+
+def test_compare_units_matches_each_run_held_out_curve(tiny_model_dir, capitals_jsonl, tmp_path):
+  """The top-k heads' held-out drop equals the heads run's own specificity curve at k (the same documents), and so
+  does the top neurons' for the neurons run; budgets zero equal parameters; random draws are reported."""
+  heads_out, neurons_out, out = (str(tmp_path / name) for name in ("heads", "neurons", "units"))
+  common = [f"--model={tiny_model_dir}", f"--task={capitals_jsonl}", "--cache_dir=none", "--metric=logprob",
+            "--num_samples=8", "--validation_samples=4", "--progress=false", "--general_tasks=counting",
+            "--general_samples=8", "--bootstrap=0", "--selection=raw"]
+  for args in ([f"--output_dir={heads_out}", "--num_masks=24", "--lasso_alpha=0.02"],
+               [f"--output_dir={neurons_out}", "--unit=neurons", "--method=cnl", "--cnl_steps=4", "--top_k=16",
+                "--curve_k=16"]):
+    proc = run_cli("experiments.localize", *common, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = run_cli("experiments.compare_units", f"--heads_run={heads_out}", f"--neurons_run={neurons_out}",
+                 "--head_counts=1,2", "--draws=2", "--cache_dir=none", f"--output_dir={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(open(os.path.join(out, "compare_units.json")).read())
+  assert os.path.exists(os.path.join(out, "compare_units.png")) and "| heads | neurons |" in proc.stdout
+  assert [b["heads"] for b in result["budgets"]] == [1, 2] and [b["neurons"] for b in result["budgets"]] == [8, 16]
+  assert result["budgets"][1]["parameters"] == 2 * 8 * 32  # head_dim 8, hidden 32
+  heads_curve = json.loads(open(os.path.join(heads_out, "ablation.json")).read())["specificity_curve"]
+  neurons_curve = json.loads(open(os.path.join(neurons_out, "ablation.json")).read())["specificity_curve"]
+  for budget in result["budgets"]:
+    k, n = budget["heads"], budget["neurons"]
+    assert budget["top_heads"]["units"] == heads_curve["heads"][:k]
+    assert budget["top_heads"]["target"] == pytest.approx(heads_curve["task"]["relative_drop"][k], abs=1e-9)
+    assert budget["top_neurons"]["units"] == neurons_curve["neurons"][:n]
+    j = neurons_curve["k"].index(n)
+    assert budget["top_neurons"]["target"] == pytest.approx(neurons_curve["task"]["relative_drop"][j], abs=1e-9)
+    assert len(budget["random_heads"]["tasks"]["capitals"]["draws"]) == 2
+  wrong = run_cli("experiments.compare_units", f"--heads_run={neurons_out}", f"--neurons_run={heads_out}",
+                  f"--output_dir={out}")
+  assert wrong.returncode == 2 and "--heads_run must be a heads run" in wrong.stderr

@@ -13,11 +13,12 @@ def settings(method: str, **overrides) -> LocalizeSettings:
   return LocalizeSettings(**{"task": "synthetic", "output_dir": "unused", "method": method, **overrides})
 
 
-def context(num_layers, num_heads, excluded=(), gradient=None, directory=None, objective=None) -> Context:
+def context(num_layers, num_heads, excluded=(), gradient=None, directory=None, objective=None,
+            attribution=None) -> Context:
   mask = np.zeros(num_layers * num_heads, bool)
   mask[list(excluded)] = True
   return Context(num_layers, num_heads, mask, (lambda: np.asarray(gradient)) if gradient is not None else None,
-                 objective, directory)
+                 objective, directory, (lambda: np.asarray(attribution)) if attribution is not None else None)
 
 
 @dataclasses.dataclass
