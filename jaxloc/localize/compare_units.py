@@ -22,8 +22,10 @@ import numpy as np
 from jaxloc.errors import UserError
 from jaxloc.heads import parse_units, unit_name, units_per_layer
 from jaxloc.localize import validate
+from jaxloc.localize.run import load_tasks
+from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.report.summary import task_label
-from jaxloc.tasks.evaluation import Evaluator, load_task_split
+from jaxloc.tasks.evaluation import Evaluator
 
 
 @dataclasses.dataclass
@@ -55,27 +57,19 @@ def check_pair(heads, neurons) -> None:
       raise UserError(f"the runs localize different {key}s: {heads.info[key]} and {neurons.info[key]}")
 
 
+def run_settings(info: dict[str, Any]) -> LocalizeSettings:
+  """The settings a finished run was made with (its recorded flags; fields added since take their defaults)."""
+  known = {f.name for f in dataclasses.fields(LocalizeSettings)}
+  return LocalizeSettings(**{k: v for k, v in info["flags"].items() if k in known})
+
+
 def held_out_tasks(info: dict[str, Any]) -> list[tuple[str, Any, list, str]]:
   """(name, task, held-out documents, metric) of the run's target and general tasks, drawn as the run drew them
-  (the same flags, seed and split)."""
-  flags = info["flags"]
-  if not flags.get("validate", True):
+  (`run.load_tasks` with the run's settings)."""
+  settings = run_settings(info)
+  if not settings.validate:
     raise UserError(f"{info['task']}: the heads run did not validate, so it kept no held-out documents to compare on")
-  out = []
-  target_metric = info["metric"]
-  for name, options, samples, metric in [(info["task"], flags.get("task_options") or {}, flags["num_samples"],
-                                          target_metric)] + [
-      (name, {}, flags["general_samples"], g["metric"]) for name, g in _general(info)]:
-    task, _, held = load_task_split(name, options, num_samples=samples, validation_samples=flags["validation_samples"],
-                                    seed=flags["seed"], data_dir=flags.get("data_dir"))
-    out.append((name, task, held, metric))
-  return out
-
-
-def _general(info) -> list[tuple[str, dict]]:
-  labels = info.get("general_tasks") or {}
-  names = [n for n in info["flags"]["general_tasks"] if n != info["task"]]
-  return [(n, labels[task_label(n)]) for n in names if task_label(n) in labels]
+  return [(t.name, t.task, t.held_out, t.metric) for t in load_tasks(settings).all]
 
 
 def _sets(order: Sequence[int], counts: Sequence[int], total: int, draws: int, seed: int, excluded=()) -> list:

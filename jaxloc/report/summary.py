@@ -42,7 +42,8 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
   lines = [f"{task_label(heads['task'])} on {heads['model']} ({heads['method']}, metric {heads['metric']}): "
            f"{heads['num_evaluations']} evaluations, baseline {heads['baseline']:.4f}"
            + (f" on {heads['num_docs']} documents" if heads.get("num_docs") else "")
-           + f", {t['total_seconds']:.0f}s total ({t['measure_seconds']:.0f}s measuring)"]
+           + f", {t['total_seconds']:.0f}s total ({t['measure_seconds']:.0f}s measuring"
+           + (f", {t['attribution_seconds']:.0f}s integrated gradients" if "attribution_seconds" in t else "") + ")"]
   general = heads.get("general_tasks") or {}
   if general:
     lines.append("general tasks scored under the same masks: " + ", ".join(
