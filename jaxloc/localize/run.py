@@ -281,8 +281,8 @@ def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring
   missing = [h for h in selected[:settings.curve_k] if h not in alone]
   alone.update(zip(missing, validate.single_head_drops(missing, confirming)))
   if len(selected) < settings.top_k:
-    log.warning("only %d heads qualify under --selection=%s (try --selection=raw or a larger "
-                "--specific_max_general_drop)", len(selected), settings.selection)
+    log.warning("only %d %s qualify under --selection=%s (try --selection=raw or a larger "
+                "--specific_max_general_drop)", len(selected), settings.unit, settings.selection)
   return Found(ranking, general_rankings, effects, order, candidates, universal, selected, alone)
 
 

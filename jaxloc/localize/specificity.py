@@ -97,6 +97,6 @@ def universal_rule(threshold: float, min_tasks: int) -> str:
 
 def selection_rule(selection: str, max_general_drop: float) -> str:
   if selection == "specific":
-    return (f"specific: the target's ranking, keeping heads whose estimated relative drop on every general task "
-            f"is ≤ {100 * max_general_drop:.0f}%; excluded and universal heads left out")
-  return "raw: the target's ranking; excluded and universal heads left out"
+    return (f"specific: the target's ranking, keeping units whose estimated relative drop on every general task "
+            f"is ≤ {100 * max_general_drop:.0f}%; excluded and universal units left out")
+  return "raw: the target's ranking; excluded and universal units left out"
