@@ -1,10 +1,11 @@
-"""Find the attention heads that carry a capability.
+"""Find the attention heads (or, with --unit=neurons, the MLP neurons) that carry a capability.
 
     python -m experiments.localize --flagfile=experiments/configs/smollm2_default.flags
+    python -m experiments.localize --flagfile=experiments/configs/smollm2_plurals_cnl.flags  # neurons, CNL
 
 Writes measurements.npz (the target's; each general task's under the same masks in general/<task>/),
-heads.json, coefficients.npy, heatmap.png, ablation.json (held-out validation), ablation_curve.png and
-specificity_curve.png to --output_dir. Re-running the same command resumes an interrupted run without
+heads.json (neurons.json), coefficients.npy, heatmap.png (neurons_per_layer.png), ablation.json (held-out
+validation), ablation_curve.png and specificity_curve.png to --output_dir. Re-running the same command resumes an interrupted run without
 re-measuring any saved mask. Every flag but the model/engine ones is a field of
 `jaxloc.localize.settings.LocalizeSettings` (one definition of its default and help).
 """
