@@ -95,6 +95,7 @@ def ablation_curve(ablation: dict[str, Any], path: str) -> None:
     ax.set_xticklabels(["none"] + [f"+{h}" for h in curve[unit][:k[-1]]], rotation=30, ha="right", fontsize=8)
   else:
     ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlim(0, k[-1] * 1.1)
   ax.set_xlabel(f"{unit} ablated (cumulative, {ablation['selection']} selection order)")
   ax.set_ylabel("relative drop on held-out documents (%)")
   ax.legend(fontsize=8)
@@ -135,6 +136,7 @@ def specificity_curve(ablation: dict[str, Any], path: str) -> None:
     ax.set_xticks(points)
   else:
     ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlim(0, points[-1] * 1.1)
   ax.set_xlabel(f"top-k {ablation.get('unit', 'heads')} ablated together")
   ax.set_ylabel("relative drop on held-out documents (%)")
   ax.legend(fontsize=8)
