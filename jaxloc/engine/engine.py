@@ -438,7 +438,8 @@ class Engine:
     prefix_len = scoring.shared_prefix_length(tokenized) if self.share_prefix else 0
     suffix = batching.bucket(max(len(s) for s in tokenized.sequences) - prefix_len)
     dtype_bytes = jnp.dtype(self.dtype).itemsize
-    # A backward pass keeps every layer's activations: ~3x a forward pass of the same rows (measured on CPU).
+    # A backward pass keeps every layer's activations: allowed three forward passes' worth per row (an allowance,
+    # not fitted to XLA's buffers as the scoring planner is).
     per_row = 3 * batching.activation_bytes(c, 1, 1, suffix, prefix_len, int(tokenized.num_targets.max()),
                                             dtype_bytes)
     per_row += c.num_layers * c.intermediate_size * 4 * 3  # the mask, its gradient and the running mean

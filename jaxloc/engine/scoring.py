@@ -258,9 +258,10 @@ def neuron_integrated_gradients(module, config, params, neuron_fill, prefix_toke
   """Integrated-gradients attribution [Rb, L, F] of every neuron at each request's last context position (the
   position predicting its first target token) for the probability of the request's target.
 
-  The neurons of every layer at that position are scaled together from 0 to their value along `steps` points
-  (alpha = k / steps, k = 1..steps); a neuron's attribution is its value times the mean gradient of the target
-  probability along the path, which is the mean gradient in a neuron mask that scales that position only. One
+  The neurons of every layer at that position are scaled together from 0 (from their mean `neuron_fill`, when
+  given) to their value along `steps` points (alpha = k / steps, k = 1..steps); a neuron's attribution is its
+  value (minus the fill) times the mean gradient of the target probability along the path, which is the mean
+  gradient in a neuron mask that scales that position only. One
   forward and backward pass over requests × steps rows, each row its own mask. The shared prefix is computed
   once, unablated (the scaled position is never in it).
   """

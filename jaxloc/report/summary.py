@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from jaxloc.heads import singular
+
 
 def task_label(name: str) -> str:
   """A registered task's name, or for a task given by a file (a custom .jsonl, an lm-eval task YAML) the file's
@@ -37,7 +39,7 @@ MAX_ROWS = 20
 def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str:
   """The run's summary from heads.json (or neurons.json: the same table over neurons) and ablation.json."""
   unit = heads.get("unit", "heads")
-  one = unit[:-1]
+  one = singular(unit)
   t = heads["timing"]
   lines = [f"{task_label(heads['task'])} on {heads['model']} ({heads['method']}, metric {heads['metric']}): "
            f"{heads['num_evaluations']} evaluations, baseline {heads['baseline']:.4f}"

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from jaxloc.engine.requests import GenerationRequest, ScoringRequest
 from jaxloc.errors import UserError
+from jaxloc.heads import check_unit, units_per_layer
 from jaxloc.tasks.base import Doc, Task
 
 # Generation has no engine-side mask batches to report; this many masks go per generate call.
@@ -33,12 +34,8 @@ def _requests(engine, task: Task, docs: Sequence[Doc], tokenizer):
   return task.requests(docs, tokenizer)
 
 
-UNITS = ("heads", "neurons")
-
-
 def _check_masks(keep, unit: str) -> None:
-  if unit not in UNITS:
-    raise ValueError(f"unknown unit {unit!r}; valid: {', '.join(UNITS)}")
+  check_unit(unit)
   if np.ndim(keep) != 3:
     raise ValueError(f"masks must be [masks, layers, {unit}], got shape {np.shape(keep)}")
 
@@ -197,8 +194,7 @@ class Evaluator:
 
   @property
   def units_per_layer(self) -> int:
-    c = self.engine.config
-    return c.num_heads if self.unit == "heads" else c.intermediate_size
+    return units_per_layer(self.engine.config, self.unit)
 
   def _all_kept(self) -> np.ndarray:
     return np.ones((1, self.engine.config.num_layers, self.units_per_layer), np.float32)
