@@ -42,6 +42,12 @@ def define_model_flags() -> None:
   flags.DEFINE_integer("model_parallel", 1, "Devices per tensor-parallel group (the mesh's model axis).",
                        lower_bound=1)
   flags.DEFINE_bool("share_prefix", True, "Compute the few-shot prefix shared by all requests once per mask.")
+  flags.DEFINE_bool("pack", True, "Pack several short requests into one row (each sees only itself and the shared "
+                    "prefix); --nopack gives one request per row.")
+  flags.DEFINE_float("residual_cache_gb", None, "Room, within --memory_budget_gb, for the unablated model's residual "
+                     "streams, so that masks start at the first layer they ablate and generation rows share their "
+                     "prompts' prefill below it (default a quarter of the budget; 0 turns it off). Request sets "
+                     "that do not fit start at layer 0, with a warning.", lower_bound=0)
   flags.DEFINE_bool("distributed", False, "Join a multi-process run (pod hosts, or processes on one machine) with "
                     "jax.distributed before anything else; failing to join is an error. Only process 0 writes files.")
   flags.DEFINE_string("coordinator_address", None, "With --distributed: process 0's host:port (else "
@@ -131,9 +137,11 @@ def engine_from_flags():
   logging.info("loaded %s (%d layers x %d heads) in %.1fs", FLAGS.model, model.config.num_layers,
                model.config.num_heads, model.load_seconds)
   budget = int(FLAGS.memory_budget_gb * 1024**3) if FLAGS.memory_budget_gb else None
+  cache = None if FLAGS.residual_cache_gb is None else int(FLAGS.residual_cache_gb * 1024**3)
   activation_dtype = None if FLAGS.activation_dtype == "auto" else getattr(jnp, FLAGS.activation_dtype)
   return Engine(model, mesh=mesh, memory_budget_bytes=budget, tokens_per_batch=FLAGS.tokens_per_batch,
-                share_prefix=FLAGS.share_prefix, generation_batch=FLAGS.generation_batch,
+                share_prefix=FLAGS.share_prefix, pack=FLAGS.pack, residual_cache_bytes=cache,
+                generation_batch=FLAGS.generation_batch,
                 activation_dtype=activation_dtype)
 
 

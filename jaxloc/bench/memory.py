@@ -110,8 +110,9 @@ def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, c
   ablation = Ablation(head_mask=sds((masks, config.num_layers, config.num_heads), dtype))
   targets = batching.bucket_pow2(targets)
   seq = batching.bucket(seq)
-  rows = [sds((requests, seq), jnp.int32), sds((requests, seq), jnp.int32), sds((requests, targets), jnp.int32),
-          sds((requests, targets), jnp.int32), sds((requests, targets), jnp.bool_)]
+  tokens = sds((requests, seq), jnp.int32)
+  flat = sds((requests * targets,), jnp.int32)
+  rows = scoring.Rows(tokens, tokens, tokens, flat, flat, sds((requests * targets, requests), jnp.float32))
   result = {"prefix": 0, "scoring": 0}
   kv = None
   if context:
@@ -122,7 +123,7 @@ def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, c
     kv_shape = (config.num_layers, masks, context, config.num_kv_heads, config.head_dim)
     kv = Context(sds(kv_shape, dtype), sds(kv_shape, dtype), sds((masks, 1, context), jnp.bool_))
   score_fn = jax.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
-  compiled = score_fn.lower(params, ablation, kv, *rows).compile()
+  compiled = score_fn.lower(params, ablation, kv, rows).compile()
   analysis = compiled.memory_analysis()
   arguments = int(analysis.argument_size_in_bytes) - param_bytes(config, dtype)
   result["scoring"] = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes + arguments)

@@ -7,7 +7,11 @@ All figures come from one process on one machine, so ratios are fair even on a s
       zeroed by a pre-hook on `o_proj` (how the paper's released code runs);
   (c) best-effort PyTorch: loaded once, batch 32, the same hook, LM head only at target positions;
   (d) the JAX matmul peak in the engine's activation dtype, measured before and after;
-  plus greedy generation tokens/s, jaxloc against batched `transformers.generate`.
+  plus greedy generation tokens/s, jaxloc against batched `transformers.generate`;
+  (e) workloads, each timed with today's engine and with the previous engine path (no packing, every mask from layer
+      0, no shared prefill; `previous_engine`) in this one run: `default` (the default localization's measurements,
+      `plurals` under 300 stratified masks), `one_shot_greedy` (`plurals` under every single-head mask) and
+      `generation` (HumanEval prompts under single-head masks, against `transformers.generate` too).
 Torch is imported only by the PyTorch parts; without it they are skipped.
 """
 
@@ -24,8 +28,9 @@ import numpy as np
 
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import GenerationRequest, ScoringRequest
+from jaxloc.localize import designs
 from jaxloc.models.config import ModelConfig
-from jaxloc.tasks import arithmetic
+from jaxloc.tasks import arithmetic, evaluation
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +86,10 @@ def executed_flops(engine: Engine, requests: Sequence[ScoringRequest], num_masks
   attention = 0.0
   lm_head = 0.0
   for chunk in layout.chunks:
-    rows, seq = chunk.tokens.shape
+    rows, seq = chunk.rows.tokens.shape
     # q·k and p·v for every (query, key) pair the calls compute: context keys + the full causal square.
     attention += 4 * c.num_layers * c.num_heads * c.head_dim * rows * seq * (prefix + seq)
-    lm_head += 2 * c.hidden_size * c.vocab_size * chunk.target_ids.size
+    lm_head += 2 * c.hidden_size * c.vocab_size * chunk.rows.target_ids.size
   attention += 4 * c.num_layers * c.num_heads * c.head_dim * prefix * prefix
   useful = c.flops_per_token(with_lm_head=False) * layout.tokens_per_mask
   return {"weights": weights, "attention": attention, "lm_head": lm_head,
@@ -209,6 +214,143 @@ def bench_generation(engine: Engine, torch_model, prompts: Sequence[str], max_ne
   return result
 
 
+def previous_engine(engine: Engine) -> Engine:
+  """The engine as it was before packing, layer skipping and shared prefill: one request per row, every mask from
+  layer 0, every generation row with its own prefill (same model, mesh and budgets)."""
+  return Engine(engine.model, mesh=engine.mesh, memory_budget_bytes=engine.memory_budget,
+                tokens_per_batch=engine.tokens_per_batch, share_prefix=engine.share_prefix, pack=False,
+                residual_cache_bytes=0, generation_batch=engine.generation_batch, activation_dtype=engine.dtype)
+
+
+def real_flops(config: ModelConfig, layer_tokens: int, targets: int) -> float:
+  """Weight and LM-head FLOPs of real tokens only: every token through the layers it needed, the LM head at every
+  scored target (padding, and the layers a mask could skip but a batch did not, are not counted as useful)."""
+  return (config.flops_per_token(with_lm_head=False) / config.num_layers * layer_tokens
+          + 2 * config.hidden_size * config.vocab_size * targets)
+
+
+def _scoring_workload(engines: dict[str, Engine], requests, keep: np.ndarray, peak: float) -> dict[str, Any]:
+  """Seconds per mask of each engine on the same masks (after a warm-up call of one batch), the real-token
+  fraction of the matmul peak, and the largest score difference between the engines."""
+  result: dict[str, Any] = {"masks": len(keep), "requests": len(requests)}
+  scores = {}
+  for name, engine in engines.items():
+    warm_start = time.perf_counter()
+    engine.score(requests, keep[:engine.masks_per_call(requests, len(keep))])
+    warm = time.perf_counter() - warm_start
+    before = dataclasses.replace(engine.stats)
+    start = time.perf_counter()
+    scores[name] = engine.score(requests, keep).logprob
+    seconds = time.perf_counter() - start
+    flops = real_flops(engine.config, engine.stats.layer_tokens - before.layer_tokens,
+                       engine.stats.targets - before.targets)
+    result[name] = {"seconds": seconds, "seconds_per_mask": seconds / len(keep),
+                    "compile_and_first_batch_seconds": warm,
+                    "real_tokens_per_mask": (engine.stats.tokens - before.tokens) / len(keep),
+                    "padded_tokens_per_mask": (engine.stats.padded_tokens - before.padded_tokens) / len(keep),
+                    "peak_fraction_real_tokens": flops / seconds / 1e9 / peak}
+  now, old = result["jaxloc"], result["previous_engine"]
+  result["seconds_per_mask"] = now["seconds_per_mask"]
+  result["peak_fraction_real_tokens"] = now["peak_fraction_real_tokens"]
+  result["speedup_vs_previous_engine"] = old["seconds_per_mask"] / now["seconds_per_mask"]
+  result["max_abs_logprob_diff_vs_previous_engine"] = float(np.abs(scores["jaxloc"] - scores["previous_engine"]).max())
+  return result
+
+
+def _torch_generate_masked(model, tokenizer, prompts: Sequence[str], keep: np.ndarray, max_new_tokens: int
+                           ) -> tuple[float, int]:
+  """Batched `transformers.generate` of every prompt under every mask (heads zeroed by the `o_proj` pre-hook), one
+  batch of all prompts per mask; (seconds, tokens emitted)."""
+  import torch
+
+  from jaxloc.models.torch_reference import ablated_heads as hooked
+
+  tokenizer.padding_side = "left"
+  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+  enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+  emitted = 0
+  start = time.perf_counter()
+  for mask in keep:
+    with torch.no_grad(), hooked(model, ablated_heads(mask)):
+      out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+      emitted += (row.index(tokenizer.eos_token_id) + 1) if tokenizer.eos_token_id in row else len(row)
+  seconds = time.perf_counter() - start
+  tokenizer.padding_side = "right"
+  return seconds, emitted
+
+
+def generation_workload(engines: dict[str, Engine], torch_model, prompts: Sequence[str], keep: np.ndarray,
+                        max_new_tokens: int, peak: float) -> dict[str, Any]:
+  """Greedy generation of every prompt under every mask, no stop strings (so every implementation does the same
+  work): tokens/s of each engine (batch = the number of prompts) and of batched `transformers.generate`, and the
+  model-FLOP floor: every row's prompt and new tokens through every layer and the LM head (weights only, no
+  padding) at the matmul peak; shared prefill can beat it."""
+  requests = [GenerationRequest(p, max_new_tokens=max_new_tokens, add_special_tokens=False) for p in prompts]
+  c = next(iter(engines.values())).config
+  tok = next(iter(engines.values())).tokenizer
+  prompt_tokens = sum(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+  result: dict[str, Any] = {"prompts": len(prompts), "masks": len(keep), "batch": len(prompts),
+                            "max_new_tokens": max_new_tokens, "prompt_tokens": prompt_tokens}
+  for name, engine in engines.items():
+    engine.generate(requests, keep[:1])  # compile
+    before = engine.stats.tokens
+    start = time.perf_counter()
+    engine.generate(requests, keep)
+    seconds = time.perf_counter() - start
+    emitted = engine.stats.tokens - before
+    result[name] = {"seconds": seconds, "tokens": emitted, "tokens_per_second": emitted / seconds}
+  # Every row's prompt and new tokens through the whole model (the work without shared prefill), at the peak.
+  flops = (len(keep) * prompt_tokens + result["jaxloc"]["tokens"]) * c.flops_per_token()
+  result["floor_seconds"] = flops / peak / 1e9
+  result["tokens_per_second"] = result["jaxloc"]["tokens_per_second"]
+  result["peak_fraction_real_tokens"] = result["floor_seconds"] / result["jaxloc"]["seconds"]
+  result["speedup_vs_previous_engine"] = result["tokens_per_second"] / result["previous_engine"]["tokens_per_second"]
+  if torch_model is not None:
+    seconds, emitted = _torch_generate_masked(torch_model, tok, prompts, keep, max_new_tokens)
+    result["transformers_generate"] = {"seconds": seconds, "tokens": emitted, "tokens_per_second": emitted / seconds}
+    result["speedup_vs_transformers_generate"] = result["tokens_per_second"] / (emitted / seconds)
+  return result
+
+
+def single_head_masks(config: ModelConfig, heads: Sequence[int] | None = None) -> np.ndarray:
+  """Keep-masks [M, L, H], each ablating one head (all heads, or the flat indices `heads`), in head order."""
+  heads = np.arange(config.num_head_total) if heads is None else np.asarray(heads)
+  keep = np.ones((len(heads), config.num_head_total), np.float32)
+  keep[np.arange(len(heads)), heads] = 0
+  return keep.reshape(len(heads), config.num_layers, config.num_heads)
+
+
+def run_workloads(engine: Engine, cfg: "ThroughputConfig", torch_model, peak: float) -> dict[str, Any]:
+  """The three workloads of the module docstring, each with `seconds_per_mask` (or `tokens_per_second`),
+  `peak_fraction_real_tokens` and `speedup_vs_previous_engine`."""
+  c = engine.config
+  engines = {"jaxloc": engine, "previous_engine": previous_engine(engine)}
+  task, docs = evaluation.load_task("plurals", num_samples=cfg.workload_samples, seed=0, data_dir=None)
+  requests = task.requests(docs, engine.tokenizer)
+  design = designs.stratified_design(cfg.default_masks, c.num_head_total, 0.1, 0)
+  keep = (~design).astype(np.float32).reshape(-1, c.num_layers, c.num_heads)
+  workloads = {"default": _scoring_workload(engines, requests, keep, peak)}
+  log.info("default workload: %s", {k: v for k, v in workloads["default"].items() if not isinstance(v, dict)})
+  workloads["one_shot_greedy"] = _scoring_workload(engines, requests, single_head_masks(c), peak)
+  log.info("one-shot greedy workload: %s",
+           {k: v for k, v in workloads["one_shot_greedy"].items() if not isinstance(v, dict)})
+  gen_task, gen_docs = evaluation.load_task("humaneval", num_samples=cfg.generation_prompts_workload, seed=0,
+                                            data_dir=None)
+  prompts = [r.context for r in gen_task.requests(gen_docs, engine.tokenizer)]
+  heads = np.linspace(0, c.num_head_total - 1, cfg.generation_masks).round().astype(int)
+  engines["jaxloc"] = Engine(engine.model, mesh=engine.mesh, memory_budget_bytes=engine.memory_budget,
+                             tokens_per_batch=engine.tokens_per_batch, generation_batch=len(prompts),
+                             activation_dtype=engine.dtype)
+  engines["previous_engine"] = Engine(engine.model, mesh=engine.mesh, memory_budget_bytes=engine.memory_budget,
+                                      tokens_per_batch=engine.tokens_per_batch, generation_batch=len(prompts),
+                                      pack=False, residual_cache_bytes=0, activation_dtype=engine.dtype)
+  workloads["generation"] = generation_workload(engines, torch_model, prompts, single_head_masks(c, heads),
+                                                cfg.generation_new_tokens, peak)
+  log.info("generation workload: %s", {k: v for k, v in workloads["generation"].items() if not isinstance(v, dict)})
+  return workloads
+
+
 @dataclasses.dataclass
 class ThroughputConfig:
   model: str = "smollm2-135m"
@@ -222,6 +364,12 @@ class ThroughputConfig:
   generation_batch: int = 16
   generation_tokens: int = 64
   skip_torch: bool = False
+  workload_samples: int = 100  # plurals documents of the default and one-shot greedy workloads
+  default_masks: int = 300
+  generation_prompts_workload: int = 8  # HumanEval prompts, also the generation batch
+  generation_masks: int = 16  # single-head masks spread over the layers
+  generation_new_tokens: int = 32
+  only_workloads: bool = False
 
 
 def run(engine: Engine, cfg: ThroughputConfig, unshared_engine: Engine | None = None) -> dict[str, Any]:
@@ -244,10 +392,6 @@ def run(engine: Engine, cfg: ThroughputConfig, unshared_engine: Engine | None = 
   report["matmul_peak_before"] = matmul_peak(peak_shapes, engine.dtype)
   if cfg.model.startswith("random:"):
     cfg.skip_torch = True  # no PyTorch twin of random weights
-  results = [bench_jaxloc(engine, requests, masks, "jaxloc (shared prefix)")]
-  if unshared_engine is not None:
-    results.append(bench_jaxloc(unshared_engine, requests, masks[:max(4, cfg.jax_masks // 4)],
-                                "jaxloc (no prefix sharing)"))
   torch_model = None
   if not cfg.skip_torch:
     try:
@@ -259,6 +403,14 @@ def run(engine: Engine, cfg: ThroughputConfig, unshared_engine: Engine | None = 
     from jaxloc.models.torch_reference import load_hf_model
 
     torch_model = load_hf_model(cfg.model)
+  report["workloads"] = run_workloads(engine, cfg, torch_model, max(report["matmul_peak_before"].values()))
+  if cfg.only_workloads:
+    return report
+  results = [bench_jaxloc(engine, requests, masks, "jaxloc (shared prefix)")]
+  if unshared_engine is not None:
+    results.append(bench_jaxloc(unshared_engine, requests, masks[:max(4, cfg.jax_masks // 4)],
+                                "jaxloc (no prefix sharing)"))
+  if torch_model is not None:
     results.append(bench_torch_best(torch_model, engine.tokenizer, requests, masks[:cfg.best_effort_masks],
                                     cfg.torch_batch))
     results.append(bench_torch_reference(cfg.model, engine.tokenizer, requests, masks[:cfg.reference_masks]))
@@ -285,8 +437,36 @@ def run(engine: Engine, cfg: ThroughputConfig, unshared_engine: Engine | None = 
   return report
 
 
+def format_workloads(workloads: dict[str, Any]) -> list[str]:
+  lines = [f"{'workload':16s} {'jaxloc':>14s} {'previous engine':>16s} {'speed-up':>9s} {'real-token peak':>16s}"]
+  for name, w in workloads.items():
+    if name == "generation":
+      now, old = f"{w['tokens_per_second']:.1f} tok/s", f"{w['previous_engine']['tokens_per_second']:.1f} tok/s"
+    else:
+      now, old = f"{w['seconds_per_mask']:.3f} s/mask", f"{w['previous_engine']['seconds_per_mask']:.3f} s/mask"
+    lines.append(f"{name:16s} {now:>14s} {old:>16s} {w['speedup_vs_previous_engine']:8.2f}x "
+                 f"{100 * w['peak_fraction_real_tokens']:15.0f}%")
+  g = workloads["generation"]
+  line = (f"generation: {g['prompts']} HumanEval prompts ({g['prompt_tokens']} tokens) x {g['masks']} single-head "
+          f"masks, batch {g['batch']}, {g['max_new_tokens']} new tokens; jaxloc {g['jaxloc']['seconds']:.1f}s, "
+          f"model-FLOP floor {g['floor_seconds']:.1f}s")
+  if "transformers_generate" in g:
+    line += (f", transformers.generate {g['transformers_generate']['tokens_per_second']:.1f} tok/s "
+             f"({g['speedup_vs_transformers_generate']:.2f}x)")
+  lines.append(line)
+  for name in ("default", "one_shot_greedy"):
+    w = workloads[name]
+    lines.append(f"{name}: {w['masks']} masks x {w['requests']} requests, real tokens per mask "
+                 f"{w['jaxloc']['real_tokens_per_mask']:.0f}, computed (padded) {w['jaxloc']['padded_tokens_per_mask']:.0f}"
+                 f" vs previous {w['previous_engine']['padded_tokens_per_mask']:.0f}; max |Δlogprob| vs previous "
+                 f"{w['max_abs_logprob_diff_vs_previous_engine']:.1e}")
+  return lines
+
+
 def format_table(report: dict[str, Any]) -> str:
-  lines = [f"model {report['model']} on {report['device']} ({report['platform']}, {report['num_devices']} "
+  if "results" not in report:
+    return "\n".join(format_workloads(report["workloads"]))
+  lines = format_workloads(report["workloads"]) + [f"model {report['model']} on {report['device']} ({report['platform']}, {report['num_devices']} "
            f"device(s)); {report['requests']} requests, {report['tokens_in_requests']} tokens, "
            f"{report['ablated_heads_per_mask']} heads ablated per mask",
            f"dtype {report['dtype']}: {report['masks_per_second']:.2f} masks/s, "

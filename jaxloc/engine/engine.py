@@ -45,6 +45,8 @@ class EngineStats:
   mask_evaluations: int = 0
   tokens: int = 0  # real tokens computed (shared prefix counted once per mask), padding excluded
   padded_tokens: int = 0
+  layer_tokens: int = 0  # scoring: real tokens times the layers computed for them (fewer past a batch's start layer)
+  targets: int = 0  # scoring: real continuation tokens scored (the LM head runs at each)
   seconds: float = 0.0
 
 
@@ -81,7 +83,14 @@ class Engine:
 
   def __init__(self, model: LoadedModel, *, mesh: jax.sharding.Mesh | None = None,
                memory_budget_bytes: int | None = None, tokens_per_batch: int | None = None,
-               share_prefix: bool = True, generation_batch: int | None = None, activation_dtype=None):
+               share_prefix: bool = True, pack: bool = True, residual_cache_bytes: int | None = None,
+               generation_batch: int | None = None, activation_dtype=None):
+    """memory_budget_bytes: activations of one call plus the residual cache (default `batching.default_memory_budget`).
+    pack: several short requests share a row (`scoring.arrange`); False gives one request per row.
+    residual_cache_bytes: room for the unablated residual streams that let a batch of masks start at its first
+      ablated layer (default a quarter of the memory budget; 0 starts every mask at layer 0). A request set whose
+      streams do not fit is scored from layer 0, with a warning.
+    """
     self.model = model
     self.config = model.config
     self.mesh = mesh or mesh_lib.make_mesh()
@@ -89,6 +98,11 @@ class Engine:
     self.memory_budget = memory_budget_bytes or batching.default_memory_budget()
     self.tokens_per_batch = tokens_per_batch or batching.default_tokens_per_batch()
     self.share_prefix = share_prefix
+    self.pack = pack
+    self.residual_cache_bytes = self.memory_budget // 4 if residual_cache_bytes is None else residual_cache_bytes
+    if not 0 <= self.residual_cache_bytes < self.memory_budget:
+      raise UserError(f"the residual cache ({self.residual_cache_bytes / batching.GIB:.2f} GiB) must be under the "
+                      f"memory budget ({self.memory_budget / batching.GIB:.2f} GiB)")
     self.generation_batch = generation_batch
     # Activations (residual stream, every matmul's inputs) in `activation_dtype`; the parameters stay in the model's
     # dtype in memory and are cast per layer (bfloat16 weights with a float32 residual stream).
@@ -96,13 +110,17 @@ class Engine:
     self.params = mesh_lib.shard_params(model.params, self.mesh)
     self.stats = EngineStats()
     self._layouts: dict = {}
+    self._residuals: dict = {}  # layout key -> unablated residual streams per chunk, oldest first
+    self._too_big: set = set()  # layout keys whose streams did not fit the residual cache
     self._stop_cache: dict = {}
     self._token_strings: list[str] | None = None
     module, config, dtype = model.module, model.config, self.dtype
     self._prefix_fn = jax.jit(functools.partial(scoring.prefix_context, module, dtype=dtype))
     self._score_fn = jax.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
+    self._residuals_fn = jax.jit(functools.partial(scoring.unablated_residuals, module, dtype=dtype))
     self._generate_fn = jax.jit(functools.partial(generation.greedy_generate, module, config, dtype=dtype),
                                 static_argnames=("max_new_tokens", "pad_id"))
+    self._streams_fn = jax.jit(functools.partial(generation.prompt_streams, module, dtype=dtype))
     self._sums_fn = jax.jit(functools.partial(_unit_sums, module, dtype=dtype))
     self._objective_fn = jax.jit(functools.partial(scoring.mask_objective_and_grad, module, config, dtype=dtype),
                                  static_argnames=("retained",))
@@ -114,8 +132,9 @@ class Engine:
   @property
   def compile_count(self) -> int:
     """Distinct compiled shapes so far, over all of the engine's jitted functions."""
-    return sum(fn._cache_size() for fn in (self._prefix_fn, self._score_fn, self._generate_fn,  # noqa: SLF001
-                                           self._sums_fn, self._objective_fn, self._attribution_fn))
+    return sum(fn._cache_size() for fn in (self._prefix_fn, self._score_fn, self._residuals_fn,  # noqa: SLF001
+                                           self._generate_fn, self._streams_fn, self._sums_fn, self._objective_fn,
+                                           self._attribution_fn))
 
   @property
   def tokenizer(self):
@@ -182,33 +201,79 @@ class Engine:
       raise UserError("no requests to score")
     tokenized = scoring.tokenize(self.model.tokenizer, requests, self.config.max_position_embeddings)
     prefix_len = scoring.shared_prefix_length(tokenized) if self.share_prefix else 0
-    suffix_lengths = np.array([len(s) - prefix_len for s in tokenized.sequences])
+    c = self.config
+    key_cost = 4 * c.num_heads * c.head_dim * c.num_layers / c.flops_per_token(with_lm_head=False)
+    rows, width = scoring.arrange(tokenized, prefix_len, self.pack, key_cost)
+    row_tokens = [sum(len(tokenized.sequences[i]) - prefix_len - 1 for i in row) for row in rows]
     plan = batching.plan_scoring(
-        self.config, num_masks=num_masks, num_requests=len(requests), mean_seq=float(suffix_lengths.mean()),
-        max_seq=batching.bucket(int(suffix_lengths.max())), context=prefix_len,
-        max_targets=int(tokenized.num_targets.max()), dtype_bytes=jnp.dtype(self.dtype).itemsize,
-        tokens_per_batch=self.tokens_per_batch, memory_budget=self.memory_budget,
-        data_parallel=self.data_parallel)
-    # Equal chunks: 100 requests at 97 per call would pad the second call to 97 rows for 3 requests.
-    num_chunks = -(-len(requests) // plan.requests_per_call)
-    requests_per_chunk = -(-len(requests) // num_chunks)
-    if plan.masks_per_call % self.data_parallel:  # masks cannot be split: split requests instead
-      requests_per_chunk = -(-requests_per_chunk // self.data_parallel) * self.data_parallel
-    result = scoring.layout(tokenized, requests_per_chunk, self.share_prefix, self.pad_id), plan
-    log.info("scoring %d requests: shared prefix %d tokens, %d chunks of %d requests, %d masks per call, "
-             "~%.2f GiB per call", len(requests), prefix_len, len(result[0].chunks), requests_per_chunk,
+        self.config, num_masks=num_masks, num_requests=len(rows),
+        mean_seq=float(width if self.pack else np.mean(row_tokens)), max_seq=width, context=prefix_len,
+        max_targets=max(int(tokenized.num_targets[row].sum()) for row in rows),
+        dtype_bytes=jnp.dtype(self.dtype).itemsize, tokens_per_batch=self.tokens_per_batch,
+        memory_budget=self.memory_budget - self.residual_cache_bytes, data_parallel=self.data_parallel)
+    # Equal chunks: 100 rows at 97 per call would pad the second call to 97 rows for 3.
+    num_chunks = -(-len(rows) // plan.requests_per_call)
+    rows_per_chunk = -(-len(rows) // num_chunks)
+    if plan.masks_per_call % self.data_parallel:  # masks cannot be split: split rows instead
+      rows_per_chunk = -(-rows_per_chunk // self.data_parallel) * self.data_parallel
+    lay = scoring.layout(tokenized, rows, rows_per_chunk, prefix_len, self.pad_id, width if self.pack else None)
+    log.info("scoring %d requests: shared prefix %d tokens, %d rows (%s), %d chunks of %d rows, %d masks per call, "
+             "~%.2f GiB per call", len(requests), prefix_len, len(rows),
+             f"packed, {width} wide" if self.pack else "one request each", len(lay.chunks), rows_per_chunk,
              plan.masks_per_call, plan.estimated_bytes / batching.GIB)
     if len(self._layouts) >= MAX_LAYOUTS:  # a learned mask lays out a new minibatch of requests every step
-      self._layouts.pop(next(iter(self._layouts)))
-    self._layouts[key] = result
-    return result
+      dropped = next(iter(self._layouts))
+      self._layouts.pop(dropped)
+      self._residuals.pop(dropped, None)
+    self._layouts[key] = lay, plan
+    return lay, plan
 
   def masks_per_call(self, requests: Sequence[ScoringRequest], num_masks: int) -> int:
     return self.prepare(requests, num_masks)[1].masks_per_call
 
+  def start_layers(self, masks: Masks) -> np.ndarray:
+    """First layer each mask ablates anything in (int [M]; num_layers for a mask that ablates nothing)."""
+    touched = np.zeros((len(masks), self.config.num_layers), bool)
+    for given in (masks.heads, masks.neurons):
+      if given is not None:
+        touched |= (given != 1).any(axis=2)
+    return np.where(touched.any(axis=1), touched.argmax(axis=1), self.config.num_layers)
+
+  def _residual_streams(self, requests: Sequence[ScoringRequest], num_masks: int, chunks: list):
+    """The unablated residual streams of a laid-out request set, per chunk (computed once, kept while the residual
+    cache has room, oldest dropped first); None when they cannot fit it."""
+    key = (tuple(requests), num_masks)
+    if key in self._residuals:
+      self._residuals[key] = self._residuals.pop(key)  # most recently used last
+      return self._residuals[key][0]
+    lay = self._layouts[key][0]
+    c = self.config
+    size = (c.num_layers * c.hidden_size * jnp.dtype(self.dtype).itemsize
+            * (len(lay.prefix) + sum(chunk.rows.tokens.size for chunk in lay.chunks)))
+    if size > self.residual_cache_bytes:
+      if key not in self._too_big:
+        self._too_big.add(key)
+        log.warning("the unablated residual streams of %d requests need %.2f GiB, over the residual cache of %.2f "
+                    "GiB: every mask of them starts at layer 0 (raise --residual_cache_gb to skip unablated layers)",
+                    len(requests), size / batching.GIB, self.residual_cache_bytes / batching.GIB)
+      return None
+    while self._residuals and sum(b for _, b in self._residuals.values()) + size > self.residual_cache_bytes:
+      self._residuals.pop(next(iter(self._residuals)))
+    start = time.perf_counter()
+    prefix = mesh_lib.put(lay.prefix, mesh_lib.replicated(self.mesh)) if len(lay.prefix) else None
+    streams = [self._residuals_fn(self.params, prefix, rows) for _, rows in chunks]
+    self._residuals[key] = streams, size
+    self.stats.calls += len(chunks)
+    self.stats.seconds += time.perf_counter() - start
+    return streams
+
   def score_batches(self, requests: Sequence[ScoringRequest], head_masks=None, head_fill=None, *,
                     neuron_masks=None, neuron_fill=None) -> Iterator[tuple[slice, ScoreOutputs]]:
-    """Yields (mask slice, outputs for those masks) after each mask batch, so callers can checkpoint."""
+    """Yields (mask slice, outputs for those masks) in mask order as batches finish, so callers can checkpoint.
+
+    Masks are evaluated grouped by the first layer they ablate (a stable sort, so masks already in that order keep
+    it): a batch starts at its lowest first ablated layer, from the unablated residual streams, when they fit the
+    residual cache."""
     masks = self._check_masks(head_masks, neuron_masks)
     lay, plan = self.prepare(requests, len(masks))
     fill = self._fill(head_fill, neuron_fill)
@@ -216,41 +281,73 @@ class Engine:
     shard_masks = per_call % self.data_parallel == 0
     mask_sharding = (mesh_lib.data_sharding(self.mesh, 3) if shard_masks else mesh_lib.replicated(self.mesh))
     row_sharding = (mesh_lib.replicated(self.mesh) if shard_masks else mesh_lib.data_sharding(self.mesh, 2))
-    prefix = mesh_lib.put(lay.prefix, mesh_lib.replicated(self.mesh)) if len(lay.prefix) else None
-    chunks = [tuple(mesh_lib.put(a, row_sharding) for a in (c.tokens, c.positions, c.target_pos,
-                                                           c.target_ids, c.target_valid)) for c in lay.chunks]
+    replicated = mesh_lib.replicated(self.mesh)
+    prefix = mesh_lib.put(lay.prefix, replicated) if len(lay.prefix) else None
+    chunks = [(chunk, self._put_rows(chunk.rows, row_sharding)) for chunk in lay.chunks]
+    starts = self.start_layers(masks) if self.residual_cache_bytes else np.zeros(len(masks), np.int64)
+    streams = self._residual_streams(requests, len(masks), chunks) if starts.max() > 0 else None
+    if streams is None:
+      starts = np.zeros(len(masks), np.int64)
+    order = np.argsort(starts, kind="stable")
+    num_layers = self.config.num_layers
+
     def dispatch(begin: int):
       """Starts one batch of masks on the devices (asynchronously) and returns its handles."""
       start = time.perf_counter()
-      batch = masks.rows(slice(begin, begin + per_call))
-      real = len(batch)
-      ablation = self._ablation(batch.padded(per_call), fill, mask_sharding)
-      context = self._prefix_fn(self.params, ablation, prefix) if prefix is not None else None
-      results = [self._score_fn(self.params, ablation, context, *arrays) for arrays in chunks]
-      return begin, real, results, time.perf_counter() - start
+      members = order[begin:begin + per_call]
+      ablation = self._ablation(masks.rows(members).padded(per_call), fill, mask_sharding)
+      layer = min(int(starts[members].min()), num_layers - 1)
+      if streams is None:
+        context = self._prefix_fn(self.params, ablation, prefix) if prefix is not None else None
+        results = [self._score_fn(self.params, ablation, context, rows) for _, rows in chunks]
+      else:
+        at = mesh_lib.put(np.int32(layer), replicated)
+        context = (self._prefix_fn(self.params, ablation, prefix, at, streams[0][0]) if prefix is not None
+                   else None)
+        results = [self._score_fn(self.params, ablation, context, rows, at, chunk_streams[1])
+                   for (_, rows), chunk_streams in zip(chunks, streams)]
+      return members, layer, results, time.perf_counter() - start
 
-    def collect(begin: int, real: int, results, seconds: float):
+    logprob = np.zeros((len(masks), lay.num_requests), np.float32)
+    is_greedy = np.zeros((len(masks), lay.num_requests), bool)
+    done = np.zeros(len(masks), bool)
+
+    def collect(members: np.ndarray, layer: int, results, seconds: float):
       start = time.perf_counter()
-      logprob = np.zeros((per_call, lay.num_requests), np.float32)
-      is_greedy = np.zeros((per_call, lay.num_requests), bool)
-      for chunk, (lp, greedy) in zip(lay.chunks, results):
-        rows = chunk.index >= 0
-        logprob[:, chunk.index[rows]] = mesh_lib.to_host(lp)[:, rows]
-        is_greedy[:, chunk.index[rows]] = mesh_lib.to_host(greedy)[:, rows]
+      real = len(members)
+      for (chunk, _), (lp, greedy) in zip(chunks, results):
+        slots = chunk.index >= 0
+        requests_of = chunk.index[slots]
+        logprob[np.ix_(members, requests_of)] = mesh_lib.to_host(lp)[:real, slots]
+        is_greedy[np.ix_(members, requests_of)] = mesh_lib.to_host(greedy)[:real, slots]
+      done[members] = True
       self.stats.calls += len(chunks) + (prefix is not None)
       self.stats.mask_evaluations += real
       self.stats.tokens += real * lay.tokens_per_mask
       self.stats.padded_tokens += per_call * lay.padded_tokens_per_mask
+      self.stats.layer_tokens += real * lay.tokens_per_mask * (num_layers - layer)
+      self.stats.targets += real * int(lay.num_targets.sum())
       self.stats.seconds += seconds + time.perf_counter() - start
-      return slice(begin, begin + real), ScoreOutputs(logprob[:real], is_greedy[:real], lay.num_targets)
 
     # The next batch is dispatched before the caller gets (and saves) the previous one, so the devices never
     # wait for the host's bookkeeping.
+    ready = 0
     pending = dispatch(0)
     for begin in range(per_call, len(masks) + per_call, per_call):
       following = dispatch(begin) if begin < len(masks) else None
-      yield collect(*pending)
+      collect(*pending)
       pending = following
+      finished = ready + int(np.argmin(np.append(done[ready:], False)))
+      if finished > ready:
+        yield slice(ready, finished), ScoreOutputs(logprob[ready:finished], is_greedy[ready:finished], lay.num_targets)
+        ready = finished
+
+  def _put_rows(self, rows: scoring.Rows, row_sharding) -> scoring.Rows:
+    """A chunk's arrays on the devices: token rows with `row_sharding`, targets replicated."""
+    replicated = mesh_lib.replicated(self.mesh)
+    return scoring.Rows(*(mesh_lib.put(getattr(rows, f.name), row_sharding if f.name in ("tokens", "positions",
+                                                                                         "segments") else replicated)
+                          for f in dataclasses.fields(rows)))
 
   def score(self, requests: Sequence[ScoringRequest], head_masks=None, head_fill=None,
             progress: Callable[[int], None] | None = None, *, neuron_masks=None, neuron_fill=None) -> ScoreOutputs:
@@ -314,24 +411,38 @@ class Engine:
     max_new_bucket = batching.bucket_pow2(max_new)
     longest = max(len(prompt_ids[i]) for _, i in pairs)
     batch = self._generation_batch(batching.bucket(longest), max_new_bucket, len(pairs))
-    rows2, rows3 = mesh_lib.data_sharding(self.mesh, 2), mesh_lib.data_sharding(self.mesh, 3)
+    rows1, rows2, rows3 = (mesh_lib.data_sharding(self.mesh, n) for n in (1, 2, 3))
+    replicated = mesh_lib.replicated(self.mesh)
+    starts = self.start_layers(masks) if self.residual_cache_bytes else np.zeros(len(masks), np.int64)
+    streams = self._prompt_streams(prompt_ids, pairs, starts)
+    if streams is not None:
+      prompts, streams = streams
+      # Batches start at their rows' lowest first ablated layer and pad to their longest prompt: keep the callers'
+      # order (one prompt under many masks per batch, little padding) or group rows by start layer, whichever
+      # computes fewer prompt tokens × layers.
+      by_start = sorted(pairs, key=lambda pair: starts[pair[0]])
+      pairs = min((pairs, by_start), key=lambda order: self._prefill_cost(order, prompt_ids, starts, batch))
     for begin in range(0, len(pairs), batch):
       start = time.perf_counter()
       chunk = pairs[begin:begin + batch]
       width = batching.bucket(max(len(prompt_ids[i]) for _, i in chunk))
       prompt = np.full((batch, width), self.pad_id, np.int32)
       valid = np.zeros((batch, width), bool)
-      for row, (m, i) in enumerate(chunk):
-        ids = list(prompt_ids[i])[-width:]
+      for row in range(batch):  # rows past the chunk repeat its first prompt (inactive, never read)
+        ids = list(prompt_ids[(chunk[row] if row < len(chunk) else chunk[0])[1]])[-width:]
         prompt[row, width - len(ids):] = ids
         valid[row, width - len(ids):] = True
-      valid[len(chunk):, -1] = True  # padding rows: one visible token keeps them well defined
       row_masks = masks.rows(np.array([m for m, _ in chunk], np.int64)).padded(batch)
+      layer = min(int(min(starts[m] for m, _ in chunk)), self.config.num_layers - 1)
+      shared = None
+      if streams is not None and layer > 0:
+        row_prompt = np.array([prompts[(chunk[row] if row < len(chunk) else chunk[0])[1]] for row in range(batch)],
+                              np.int32)
+        shared = (mesh_lib.put(np.int32(layer), replicated), mesh_lib.put(row_prompt, rows1), streams)
       tokens, lengths = self._generate_fn(
           self.params, self._ablation(row_masks, fill, rows3), mesh_lib.put(prompt, rows2),
-          mesh_lib.put(valid, rows2), mesh_lib.put(np.arange(batch) < len(chunk), mesh_lib.data_sharding(self.mesh, 1)),
-          eos_ids, stop_next, stop_hit, max_new_tokens=max_new_bucket,
-          pad_id=self.pad_id)
+          mesh_lib.put(valid, rows2), mesh_lib.put(np.arange(batch) < len(chunk), rows1),
+          eos_ids, stop_next, stop_hit, shared, max_new_tokens=max_new_bucket, pad_id=self.pad_id)
       tokens, lengths = mesh_lib.to_host(tokens), np.minimum(mesh_lib.to_host(lengths), max_new)
       self.stats.calls += 1
       self.stats.seconds += time.perf_counter() - start
@@ -340,6 +451,43 @@ class Engine:
         yield pair, tokens[row, :lengths[row]].tolist()
       if progress:
         progress(len(chunk))
+
+  def _prefill_cost(self, pairs, prompt_ids, starts: np.ndarray, batch: int) -> int:
+    """Prompt token rows × layers the prefill computes for `pairs` cut into batches in this order."""
+    cost = 0
+    for begin in range(0, len(pairs), batch):
+      chunk = pairs[begin:begin + batch]
+      layer = min(int(min(starts[m] for m, _ in chunk)), self.config.num_layers - 1)
+      cost += batch * batching.bucket(max(len(prompt_ids[i]) for _, i in chunk)) * (self.config.num_layers - layer)
+    return cost
+
+  def _prompt_streams(self, prompt_ids, pairs, starts: np.ndarray):
+    """The unablated prefill (`generation.prompt_streams`) of every prompt in `pairs`, left-padded to one width,
+    when some mask starts past layer 0 and it fits the residual cache: ({prompt: row}, device arrays); else None."""
+    if not len(starts) or starts.max() == 0:
+      return None
+    c = self.config
+    distinct = sorted({i for _, i in pairs})
+    width = batching.bucket(max(len(prompt_ids[i]) for i in distinct))
+    size = (c.num_layers * len(distinct) * width * (c.hidden_size + 2 * c.num_kv_heads * c.head_dim)
+            * jnp.dtype(self.dtype).itemsize)
+    if size > self.residual_cache_bytes:
+      log.warning("the unablated prefill of %d prompts needs %.2f GiB, over the residual cache of %.2f GiB: every "
+                  "generation row starts at layer 0 (raise --residual_cache_gb to share it)", len(distinct),
+                  size / batching.GIB, self.residual_cache_bytes / batching.GIB)
+      return None
+    prompt = np.full((len(distinct), width), self.pad_id, np.int32)
+    valid = np.zeros((len(distinct), width), bool)
+    for row, i in enumerate(distinct):
+      ids = list(prompt_ids[i])[-width:]
+      prompt[row, width - len(ids):] = ids
+      valid[row, width - len(ids):] = True
+    replicated = mesh_lib.replicated(self.mesh)
+    start = time.perf_counter()
+    streams = self._streams_fn(self.params, mesh_lib.put(prompt, replicated), mesh_lib.put(valid, replicated))
+    self.stats.calls += 1
+    self.stats.seconds += time.perf_counter() - start
+    return {i: row for row, i in enumerate(distinct)}, streams
 
   def generate(self, requests: Sequence[GenerationRequest], head_masks=None, head_fill=None,
                progress: Callable[[int], None] | None = None, *, neuron_masks=None, neuron_fill=None
@@ -409,18 +557,17 @@ class Engine:
     given = masks.heads if masks.heads is not None else masks.neurons
     grads = np.zeros(given.shape, np.float64)
     for chunk in lay.chunks:
-      rows = chunk.index >= 0
-      per_row = [np.zeros(len(chunk.index), np.float32) for _ in range(2)]
-      for row_values, given in zip(per_row, (weights, offsets)):
-        row_values[rows] = given[chunk.index[rows]]
-      split = len(chunk.index) % self.data_parallel == 0  # request rows over the data axis when they divide
-      arrays = [mesh_lib.put(a, mesh_lib.data_sharding(self.mesh, a.ndim) if split else replicated)
-                for a in (chunk.tokens, chunk.positions, chunk.target_pos, chunk.target_ids, chunk.target_valid,
-                          *per_row)]
+      slots = chunk.index >= 0
+      per_slot = [np.zeros(len(chunk.index), np.float32) for _ in range(2)]
+      for slot_values, given in zip(per_slot, (weights, offsets)):
+        slot_values[slots] = given[chunk.index[slots]]
+      split = len(chunk.rows.tokens) % self.data_parallel == 0  # token rows over the data axis when they divide
+      rows = self._put_rows(chunk.rows, mesh_lib.data_sharding(self.mesh, 2) if split else replicated)
+      per_slot = [mesh_lib.put(a, replicated) for a in per_slot]
       for begin in range(0, len(masks), plan.masks_per_call):
         batch = masks.rows(slice(begin, begin + plan.masks_per_call))
         value, head_grad, neuron_grad = self._objective_fn(self.params, self._ablation(batch, fill, replicated),
-                                                           prefix, *arrays, retained=retained)
+                                                           prefix, rows, *per_slot, retained=retained)
         values[begin:begin + len(batch)] += mesh_lib.to_host(value)
         grads[begin:begin + len(batch)] += mesh_lib.to_host(head_grad if masks.heads is not None else neuron_grad)
     return values, grads
@@ -445,15 +592,15 @@ class Engine:
     per_row += c.num_layers * c.intermediate_size * 4 * 3  # the mask, its gradient and the running mean
     rows = max(1, int(self.memory_budget // (per_row * steps)))
     rows = min(rows, len(requests))
-    lay = scoring.layout(tokenized, rows, self.share_prefix, self.pad_id)
+    lay = scoring.layout(tokenized, scoring.arrange(tokenized, prefix_len, pack=False)[0], rows, prefix_len,
+                         self.pad_id)
     replicated = mesh_lib.replicated(self.mesh)
     prefix = mesh_lib.put(lay.prefix, replicated) if len(lay.prefix) else None
     fill = self._fill(None, neuron_fill).neurons
     out = np.zeros((len(requests), c.num_layers, c.intermediate_size), np.float32)
     for chunk in lay.chunks:
       start = time.perf_counter()
-      arrays = [mesh_lib.put(a, replicated) for a in (chunk.tokens, chunk.positions, chunk.target_pos,
-                                                      chunk.target_ids, chunk.target_valid)]
+      arrays = [mesh_lib.put(a, replicated) for a in (chunk.rows.tokens, chunk.rows.positions, *chunk.row_targets())]
       scores = mesh_lib.to_host(self._attribution_fn(self.params, fill, prefix, *arrays, steps=steps))
       real = chunk.index >= 0
       out[chunk.index[real]] = scores[real]
@@ -479,22 +626,22 @@ class Engine:
       members = order[begin:begin + rows]
       width = batching.bucket(max(len(tokenized.sequences[i]) for i in members))
       tokens = np.full((1, rows, width), self.pad_id, np.int32)
-      valid = np.zeros((1, rows, width), bool)
+      segments = np.full((1, rows, width), -1, np.int32)  # one segment per row; -1 on padding
       for row, i in enumerate(members):
         seq = tokenized.sequences[i]
         tokens[0, row, :len(seq)] = seq
-        valid[0, row, :len(seq)] = True
+        segments[0, row, :len(seq)] = 0
       replicated = mesh_lib.replicated(self.mesh)
       head_sums, neuron_sums = self._sums_fn(self.params, mesh_lib.put(tokens, replicated),
-                                             mesh_lib.put(valid, replicated))
+                                             mesh_lib.put(segments, replicated))
       head_total += np.asarray(mesh_lib.to_host(head_sums), np.float64)
       neuron_total += np.asarray(mesh_lib.to_host(neuron_sums), np.float64)
-      count += int(valid.sum())
+      count += int((segments >= 0).sum())
     heads = (head_total / count).reshape(c.num_layers, c.num_heads, c.head_dim).astype(np.float32)
     return heads, (neuron_total / count).astype(np.float32)
 
 
-def _unit_sums(module, params, tokens, token_valid, dtype):
+def _unit_sums(module, params, tokens, segments, dtype):
   positions = jnp.arange(tokens.shape[-1])[None, None]
-  out = module.apply({"params": params}, tokens, positions, token_valid=token_valid, collect_sums=True, dtype=dtype)
+  out = module.apply({"params": params}, tokens, positions, segments=segments, collect_sums=True, dtype=dtype)
   return out.head_sums[:, 0], out.neuron_sums[:, 0]

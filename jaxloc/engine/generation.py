@@ -11,6 +11,7 @@ the first stop string on the host.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import jax
@@ -81,6 +82,43 @@ def stop_tables(token_strings: Sequence[str], stop_strings: Sequence[str]) -> tu
   return next_state, hit
 
 
+def _positions(prompt_valid):
+  return jnp.maximum(jnp.cumsum(prompt_valid, axis=-1) - 1, 0)
+
+
+def prompt_streams(module, params, prompt, prompt_valid, *, dtype):
+  """The unablated prefill of distinct left-padded prompts [P, S]: the residual stream entering every layer
+  [L, P, S, D] and every layer's keys and values [L, P, S, K, Dh]. Rows whose masks ablate nothing below layer l
+  resume from them at l (`prefill`)."""
+  out = module.apply({"params": params}, prompt[None], _positions(prompt_valid)[None],
+                     segments=jnp.where(prompt_valid, 0, -1)[None], return_kv=True, return_residuals=True,
+                     dtype=dtype)
+  return out.residual[:, 0], out.k[:, 0], out.v[:, 0]
+
+
+def prefill(module, params, ablation: Ablation, prompt, prompt_valid, shared, dtype):
+  """The prompts' model output under each row's masks: final hidden states [B, 1, S, D], keys/values
+  [L, B, 1, S, K, Dh].
+
+  shared: None, or (start_layer, row_prompt [B], streams): `streams` are `prompt_streams` of distinct prompts (at
+  least as wide), row b holds prompt row_prompt[b], and no row ablates anything below start_layer; every row then
+  resumes from its prompt's residual stream at start_layer and takes the keys/values of the layers below from it.
+  """
+  segments = jnp.where(prompt_valid, 0, -1)[:, None]
+  positions = _positions(prompt_valid)[:, None]
+  if shared is None:
+    return module.apply({"params": params}, prompt[:, None], positions, ablation, segments=segments,
+                        return_kv=True, dtype=dtype)
+  start_layer, row_prompt, (residuals, keys, values) = shared
+  seq = prompt.shape[1]  # left padding: a prompt's streams at a narrower width are the last `seq` columns
+  out = module.apply({"params": params}, prompt[:, None], positions, ablation, segments=segments,
+                     start_layer=start_layer, residual=residuals[start_layer][row_prompt][:, None, -seq:],
+                     return_kv=True, dtype=dtype)
+  below = (jnp.arange(out.k.shape[0]) < start_layer).reshape((-1,) + (1,) * (out.k.ndim - 1))
+  per_row = lambda kv: kv[:, row_prompt][:, :, None, -seq:]  # noqa: E731  [L, P, W, ...] -> [L, B, 1, S, ...]
+  return dataclasses.replace(out, k=jnp.where(below, per_row(keys), out.k), v=jnp.where(below, per_row(values), out.v))
+
+
 def truncate_at_stop(text: str, stop_strings: Sequence[str]) -> str:
   cut = len(text)
   for stop in stop_strings:
@@ -91,19 +129,20 @@ def truncate_at_stop(text: str, stop_strings: Sequence[str]) -> str:
 
 
 def greedy_generate(module, config, params, ablation: Ablation, prompt, prompt_valid, active, eos_ids, stop_next,
-                    stop_hit, *, max_new_tokens: int, pad_id: int, dtype):
+                    stop_hit, shared=None, *, max_new_tokens: int, pad_id: int, dtype):
   """Greedy continuation of left-padded prompts.
 
   prompt, prompt_valid: [B, S]; ablation: head/neuron masks [B, L, H] / [B, L, F], one per row; active: bool [B],
   False on rows that only pad the batch (they start finished, so they never keep the loop running); eos_ids: [E];
   stop_next, stop_hit: [V, Q], the stop-string automaton of `stop_tables`.
+  shared: None, or (start_layer int32 scalar, row_prompt [B], `prompt_streams` of the distinct prompts) when no
+    row ablates anything below start_layer: the rows' prefill resumes there (`prefill`).
   Returns tokens [B, max_new_tokens] (pad_id after a sequence ends) and how many each emitted [B],
   its stop token included.
   """
   batch, seq = prompt.shape
-  positions = jnp.maximum(jnp.cumsum(prompt_valid, axis=-1) - 1, 0)
-  out = module.apply({"params": params}, prompt[:, None], positions[:, None], ablation,
-                     token_valid=prompt_valid[:, None], return_kv=True, dtype=dtype)
+  positions = _positions(prompt_valid)
+  out = prefill(module, params, ablation, prompt, prompt_valid, shared, dtype)
   pad = ((0, 0), (0, 0), (0, max_new_tokens), (0, 0), (0, 0))
   cache_k = jnp.pad(out.k[:, :, 0], pad)  # [L, B, C, K, Dh]
   cache_v = jnp.pad(out.v[:, :, 0], pad)

@@ -1,12 +1,15 @@
 """Teacher-forced scoring of many requests under many head and/or neuron masks (`llama.Ablation`).
 
-Axes: `masks` M (Mb per call), `requests` R (Rb per call), `seq` S (suffix tokens per request),
-`context` P (the shared prefix), `targets` T (continuation tokens), `layers` L, `heads` H, `mlp` F.
+Axes: `masks` M (Mb per call), `requests` R (Rb rows per call), `seq` S (suffix tokens per row),
+`context` P (the shared prefix), `targets` T (continuation tokens of a call), `slots` N (requests of a call),
+`layers` L, `heads` H, `mlp` F, `embed` D.
 
 Requests are tokenized once (the lm-eval convention in `requests.py`). The longest token prefix that
 every request shares (a few-shot preamble) is computed once per mask and kept as keys/values; each
-request then runs only its own suffix against them. The LM head runs only at positions that predict
-continuation tokens.
+request then runs only its own suffix against them; short suffixes are packed several to a row, each seeing only
+itself and the prefix, so compute follows real tokens rather than padding. The LM head runs only at positions that
+predict continuation tokens. A batch of masks that ablates nothing below layer l can resume at l from the unablated
+model's residual stream (`unablated_residuals`), computed once per request set.
 """
 
 from __future__ import annotations
@@ -118,20 +121,58 @@ def shared_prefix_length(tokenized: TokenizedRequests) -> int:
   return length if length >= MIN_SHARED_PREFIX else 0
 
 
-@dataclasses.dataclass
-class Chunk:
-  """Requests scored together in one call, padded to bucketed shapes.
+# Packed row widths tried, as multiples of the longest suffix (each rounded up to the bucket ladder).
+PACK_WIDTHS = (1, 1.5, 2, 3, 4, 6, 8)
+MAX_PACK_WIDTH = 1024
 
-  index: [Rb] request indices (-1 for padding rows). tokens, positions: [Rb, S].
-  target_pos: [Rb, T] suffix positions whose logits predict target_ids [Rb, T]; target_valid [Rb, T].
+
+@dataclasses.dataclass
+class Rows:
+  """The device arrays of one scoring call (a pytree).
+
+  tokens, positions, segments: [Rb, S]; a row holds one request's suffix, or several packed one after another; a
+    token's segment is its request's slot in the chunk (-1 on padding), and tokens see only their own segment (and
+    the shared prefix).
+  target_pos: [T] flat positions into the Rb * S tokens whose logits predict target_ids [T].
+  target_slots: [T, N] float one-hot: the slot whose continuation each target belongs to (a zero row for padding).
   """
 
-  index: np.ndarray
   tokens: np.ndarray
   positions: np.ndarray
+  segments: np.ndarray
   target_pos: np.ndarray
   target_ids: np.ndarray
-  target_valid: np.ndarray
+  target_slots: np.ndarray
+
+
+jax.tree_util.register_dataclass(
+    Rows, data_fields=["tokens", "positions", "segments", "target_pos", "target_ids", "target_slots"], meta_fields=[])
+
+
+@dataclasses.dataclass
+class Chunk:
+  """Requests scored together in one call: `index` [N], the request in each slot (-1 pads), and their `rows`."""
+
+  index: np.ndarray
+  rows: Rows
+
+  def row_targets(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Targets per row, for chunks of one request per row: positions within the row [Rb, T'], ids, valid."""
+    width = self.rows.tokens.shape[1]
+    slot = np.where(self.rows.target_slots.any(1), self.rows.target_slots.argmax(1), -1)
+    if not np.array_equal(slot[slot >= 0], self.rows.target_pos[slot >= 0] // width):
+      raise ValueError("row_targets needs one request per row")
+    counts = np.bincount(slot[slot >= 0], minlength=len(self.index))
+    size = bucket_pow2(int(counts.max(initial=1)))
+    pos = np.zeros((len(self.index), size), np.int32)
+    ids = np.zeros((len(self.index), size), np.int32)
+    valid = np.zeros((len(self.index), size), bool)
+    for row in range(len(self.index)):
+      mine = np.nonzero(slot == row)[0]
+      pos[row, :len(mine)] = self.rows.target_pos[mine] % width
+      ids[row, :len(mine)] = self.rows.target_ids[mine]
+      valid[row, :len(mine)] = True
+    return pos, ids, valid
 
 
 @dataclasses.dataclass
@@ -142,85 +183,185 @@ class ScoringLayout:
   chunks: list[Chunk]
   num_requests: int
   num_targets: np.ndarray
-  suffix_tokens: int  # real (unpadded) suffix tokens over all requests
+  suffix_tokens: int  # real (unpadded) suffix tokens computed over all requests (each but its last token)
 
   @property
   def tokens_per_mask(self) -> int:
-    """Tokens computed per mask, padding excluded: the prefix once plus every suffix."""
+    """Tokens computed per mask, padding excluded: the prefix once plus every suffix but its last token (the end
+    of a continuation predicts nothing)."""
     return len(self.prefix) + self.suffix_tokens
 
   @property
   def padded_tokens_per_mask(self) -> int:
-    return len(self.prefix) + sum(c.tokens.size for c in self.chunks)
+    return len(self.prefix) + sum(c.rows.tokens.size for c in self.chunks)
+
+  @property
+  def padded_targets_per_mask(self) -> int:
+    return sum(c.rows.target_ids.size for c in self.chunks)
 
 
-def layout(tokenized: TokenizedRequests, requests_per_chunk: int, share_prefix: bool, pad_id: int) -> ScoringLayout:
-  """Sorts requests by suffix length and cuts them into chunks of `requests_per_chunk`."""
-  prefix_len = shared_prefix_length(tokenized) if share_prefix else 0
+def _first_fit(lengths: np.ndarray, width: int) -> list[list[int]]:
+  """Requests (indices) into rows of `width` tokens, longest first, each into the first row with room."""
+  rows: list[list[int]] = []
+  free: list[int] = []
+  for i in np.argsort(-lengths, kind="stable"):
+    row = next((r for r, room in enumerate(free) if room >= lengths[i]), None)
+    if row is None:
+      rows.append([])
+      free.append(width)
+      row = len(rows) - 1
+    rows[row].append(int(i))
+    free[row] -= int(lengths[i])
+  return rows
+
+
+def arrange(tokenized: TokenizedRequests, prefix_len: int, pack: bool, key_cost: float = 0.0
+            ) -> tuple[list[list[int]], int]:
+  """Rows of requests (indices) and the row width.
+
+  With `pack`, suffixes share rows (first fit, longest first) of the width, among a few multiples of the longest
+  suffix, that computes least: rows × width tokens, each costing 1 + key_cost × (width + prefix) (attention scores
+  every key of its row and the prefix; key_cost is a key's cost relative to a token's weight FLOPs). Without, one
+  request per row, shortest first (chunks then pad to their own width).
+  """
+  lengths = np.array([len(s) - prefix_len - 1 for s in tokenized.sequences])  # the last token is never computed
+  longest = int(lengths.max())
+  if not pack:
+    return [[int(i)] for i in np.argsort(lengths, kind="stable")], bucket(longest)
+
+  def cost(width: int, rows: list[list[int]]) -> float:
+    return len(rows) * width * (1 + key_cost * (width + prefix_len))
+
+  widths = sorted({bucket(min(int(np.ceil(longest * k)), max(longest, MAX_PACK_WIDTH))) for k in PACK_WIDTHS})
+  options = [(width, _first_fit(lengths, width)) for width in widths]
+  width, rows = min(options, key=lambda option: cost(*option))
+  return rows, width
+
+
+def layout(tokenized: TokenizedRequests, rows: list[list[int]], rows_per_chunk: int, prefix_len: int, pad_id: int,
+           width: int | None = None) -> ScoringLayout:
+  """Cuts `rows` (from `arrange`) into chunks of `rows_per_chunk` rows. Every chunk has `width` columns when given
+  (packed rows), else the bucketed width of its longest row; slots and targets pad to one size per layout."""
   prefix = tokenized.sequences[0][:prefix_len] if prefix_len else np.zeros((0,), np.int32)
   suffixes = [seq[prefix_len:] for seq in tokenized.sequences]
-  order = np.argsort([len(s) for s in suffixes], kind="stable")
+  inputs = [suffix[:-1] for suffix in suffixes]  # a request's last token predicts nothing: it is never computed
+  groups = [rows[begin:begin + rows_per_chunk] for begin in range(0, len(rows), rows_per_chunk)]
+  num_slots = max(sum(len(r) for r in group) for group in groups)
+  num_targets = bucket(max(sum(int(tokenized.num_targets[i]) for r in group for i in r) for group in groups))
   chunks = []
-  for begin in range(0, len(order), requests_per_chunk):
-    members = order[begin:begin + requests_per_chunk]
-    seq_len = bucket(max(len(suffixes[i]) for i in members))
-    num_targets = bucket_pow2(max(int(tokenized.num_targets[i]) for i in members))
-    rows = requests_per_chunk
-    tokens = np.full((rows, seq_len), pad_id, np.int32)
-    positions = np.tile(np.arange(prefix_len, prefix_len + seq_len, dtype=np.int32), (rows, 1))
-    target_pos = np.zeros((rows, num_targets), np.int32)
-    target_ids = np.zeros((rows, num_targets), np.int32)
-    target_valid = np.zeros((rows, num_targets), bool)
-    index = np.full((rows,), -1, np.int64)
-    for row, i in enumerate(members):
-      suffix = suffixes[i]
-      tokens[row, :len(suffix)] = suffix
-      start = int(tokenized.target_start[i]) - prefix_len
-      n = len(suffix) - start
-      target_pos[row, :n] = np.arange(start - 1, start - 1 + n)
-      target_ids[row, :n] = suffix[start:]
-      target_valid[row, :n] = True
-      index[row] = i
-    chunks.append(Chunk(index, tokens, positions, target_pos, target_ids, target_valid))
+  for group in groups:
+    seq_len = width or bucket(max(sum(len(inputs[i]) for i in r) for r in group))
+    tokens = np.full((rows_per_chunk, seq_len), pad_id, np.int32)
+    positions = np.full((rows_per_chunk, seq_len), prefix_len, np.int32)
+    segments = np.full((rows_per_chunk, seq_len), -1, np.int32)
+    target_pos = np.zeros((num_targets,), np.int32)
+    target_ids = np.zeros((num_targets,), np.int32)
+    target_slots = np.zeros((num_targets, num_slots), np.float32)
+    index = np.full((num_slots,), -1, np.int64)
+    slot = target = 0
+    for row, members in enumerate(group):
+      offset = 0
+      for i in members:
+        suffix = suffixes[i]
+        end = offset + len(inputs[i])
+        tokens[row, offset:end] = inputs[i]
+        positions[row, offset:end] = np.arange(prefix_len, prefix_len + len(inputs[i]))
+        segments[row, offset:end] = slot
+        start = int(tokenized.target_start[i]) - prefix_len
+        n = len(suffix) - start
+        target_pos[target:target + n] = row * seq_len + offset + np.arange(start - 1, start - 1 + n)
+        target_ids[target:target + n] = suffix[start:]
+        target_slots[target:target + n, slot] = 1
+        index[slot] = i
+        slot += 1
+        target += n
+        offset = end
+    chunks.append(Chunk(index, Rows(tokens, positions, segments, target_pos, target_ids, target_slots)))
   return ScoringLayout(prefix, chunks, len(tokenized.sequences), tokenized.num_targets,
-                       sum(len(s) for s in suffixes))
+                       sum(len(s) for s in inputs))
 
 
-def prefix_context(module, params, ablation: Ablation, prefix_tokens, dtype) -> Context:
-  """Keys/values [L, Mb, P, K, Dh] of the shared prefix under each mask (the mask changes them too)."""
+def prefix_context(module, params, ablation: Ablation, prefix_tokens, start_layer=None, residuals=None, *,
+                   dtype) -> Context:
+  """Keys/values [L, Mb, P, K, Dh] of the shared prefix under each mask (the mask changes them too).
+
+  With `start_layer` (int32 scalar), the layers below it are skipped: `residuals` [L, P, D] holds the unablated
+  prefix's residual stream entering every layer (`unablated_residuals`); their keys/values come out as zeros, read
+  by no query since the requests skip those layers too.
+  """
   masks = ablation.num_masks
   prefix_len = prefix_tokens.shape[0]
   tokens = jnp.broadcast_to(prefix_tokens[None, None], (masks, 1, prefix_len))
+  resume = {}
+  if start_layer is not None:
+    resume = {"start_layer": start_layer, "residual": residuals[start_layer][None, None]}
   out = module.apply({"params": params}, tokens, jnp.arange(prefix_len)[None, None], ablation, return_kv=True,
-                     dtype=dtype)
+                     dtype=dtype, **resume)
   k = out.k[:, :, 0]
   v = out.v[:, :, 0]
   return Context(k, v, jnp.ones((masks, 1, prefix_len), bool))
 
 
-def _target_logprob(config, params, hidden, target_pos, target_ids, target_valid):
-  """Summed log-probability of the targets and whether each is the argmax, [M, R], from hidden [M, R, S, D]."""
-  hidden = jnp.take_along_axis(hidden, target_pos[..., None], axis=2)  # [M, R, T, D]
-  logits = lm_logits(config, params, hidden)  # [M, R, T, V] float32
-  log_norm = jax.nn.logsumexp(logits, axis=-1)
+def unablated_residuals(module, params, prefix_tokens, rows: Rows, *, dtype):
+  """The unablated model's residual stream entering every layer: prefix [L, P, D] (None without a prefix) and the
+  rows' tokens [L, Rb, S, D]. A batch of masks that ablates nothing below layer l resumes from them at l."""
+  context = prefix_residuals = None
+  if prefix_tokens is not None:
+    prefix_len = prefix_tokens.shape[0]
+    out = module.apply({"params": params}, prefix_tokens[None, None], jnp.arange(prefix_len)[None, None],
+                       return_kv=True, return_residuals=True, dtype=dtype)
+    context = Context(out.k[:, :, 0], out.v[:, :, 0], jnp.ones((1, 1, prefix_len), bool))
+    prefix_residuals = out.residual[:, 0, 0]
+  out = module.apply({"params": params}, rows.tokens[None], rows.positions[None], None, context, rows.segments[None],
+                     return_residuals=True, dtype=dtype)
+  return prefix_residuals, out.residual[:, 0]
+
+
+def _target_logprob(config, params, hidden, target_pos, target_ids, target_slots):
+  """Summed log-probability of each slot's targets and whether every one is the argmax, both [M, N].
+
+  hidden: [M, R, S, D]; target_pos: [M|1, T] flat positions into R * S; target_ids: [M|1, T];
+  target_slots: [M|1, T, N] one-hot (zero rows for padding targets).
+  """
+  m, r, s, d = hidden.shape
+  target_pos = jnp.broadcast_to(target_pos, (m, target_pos.shape[-1]))
+  hidden = jnp.take_along_axis(hidden.reshape(m, r * s, d), target_pos[..., None], axis=1)  # [M, T, D]
+  logits = lm_logits(config, params, hidden)  # [M, T, V] float32
+  # One max over the vocabulary serves both the log-normalizer and greedy exactness (an argmax costs more on CPUs;
+  # a target tied for the top logit counts as greedy).
+  top = jax.lax.stop_gradient(logits.max(axis=-1))
+  log_norm = top + jnp.log(jnp.exp(logits - top[..., None]).sum(axis=-1))
+  target_ids = jnp.broadcast_to(target_ids, target_pos.shape)
   target_logit = jnp.take_along_axis(logits, target_ids[..., None], axis=-1)[..., 0]
-  logprob = jnp.where(target_valid, target_logit - log_norm, 0.0).sum(-1)
-  is_greedy = jnp.where(target_valid, jnp.argmax(logits, axis=-1) == target_ids, True).all(-1)
+  slots = jnp.broadcast_to(target_slots, (m,) + target_slots.shape[1:])
+  exact = jax.lax.Precision.HIGHEST
+  logprob = jnp.einsum("mt,mtn->mn", target_logit - log_norm, slots, precision=exact)
+  wrong = (target_logit < top).astype(jnp.float32)
+  is_greedy = jnp.einsum("mt,mtn->mn", wrong, slots, precision=exact) == 0
   return logprob, is_greedy
 
 
-def score_chunk(module, config, params, ablation: Ablation, context: Context | None, tokens, positions,
-                target_pos, target_ids, target_valid, dtype):
-  """Summed continuation log-probability and greedy exactness, both [Mb, Rb]."""
+def score_chunk(module, config, params, ablation: Ablation, context: Context | None, rows: Rows, start_layer=None,
+                residuals=None, *, dtype):
+  """Summed continuation log-probability and greedy exactness of each slot, both [Mb, N].
+
+  With `start_layer`, resumes there from `residuals` [L, Rb, S, D] (`unablated_residuals`; exact when no mask of
+  the batch ablates anything below it).
+  """
   masks = ablation.num_masks
-  tokens = jnp.broadcast_to(tokens[None], (masks,) + tokens.shape)
-  out = module.apply({"params": params}, tokens, positions[None], ablation, context, dtype=dtype)
-  return _target_logprob(config, params, out.hidden, target_pos[None], target_ids[None], target_valid[None])
+  tokens = jnp.broadcast_to(rows.tokens[None], (masks,) + rows.tokens.shape)
+  resume = {}
+  if start_layer is not None:
+    resume = {"start_layer": start_layer, "residual": residuals[start_layer][None]}
+  out = module.apply({"params": params}, tokens, rows.positions[None], ablation, context, rows.segments[None],
+                     dtype=dtype, **resume)
+  return _target_logprob(config, params, out.hidden, rows.target_pos[None], rows.target_ids[None],
+                         rows.target_slots[None])
 
 
-def mask_objective(module, config, params, ablation: Ablation, prefix_tokens, tokens, positions, target_pos,
-                   target_ids, target_valid, weights, offsets, dtype, retained: bool = False):
-  """Per mask [Mb]: sum over requests of weights[r] * f(logprob[m, r] - offsets[r]), where f is the identity, or
+def mask_objective(module, config, params, ablation: Ablation, prefix_tokens, rows: Rows, weights, offsets, dtype,
+                   retained: bool = False):
+  """Per mask [Mb]: sum over slots of weights[n] * f(logprob[m, n] - offsets[n]), where f is the identity, or
   with `retained` the probability kept relative to the offsets, exp(min(., 0)) (in [0, 1]: a request that loses
   everything counts 1, however many nats it loses).
 
@@ -230,9 +371,8 @@ def mask_objective(module, config, params, ablation: Ablation, prefix_tokens, to
   """
   context = None
   if prefix_tokens is not None:
-    context = prefix_context(module, params, ablation, prefix_tokens, dtype)
-  logprob, _ = score_chunk(module, config, params, ablation, context, tokens, positions, target_pos,
-                           target_ids, target_valid, dtype)
+    context = prefix_context(module, params, ablation, prefix_tokens, dtype=dtype)
+  logprob, _ = score_chunk(module, config, params, ablation, context, rows, dtype=dtype)
   change = logprob - offsets[None]
   values = jnp.exp(jnp.minimum(change, 0.0)) if retained else change
   return values @ weights
@@ -258,6 +398,9 @@ def neuron_integrated_gradients(module, config, params, neuron_fill, prefix_toke
   """Integrated-gradients attribution [Rb, L, F] of every neuron at each request's last context position (the
   position predicting its first target token) for the probability of the request's target.
 
+  One request per row: tokens, positions [Rb, S]; target_pos, target_ids, target_valid [Rb, T] (positions within
+  the row, `Chunk.row_targets`).
+
   The neurons of every layer at that position are scaled together from 0 (from their mean `neuron_fill`, when
   given) to their value along `steps` points (alpha = k / steps, k = 1..steps); a neuron's attribution is its
   value (minus the fill) times the mean gradient of the target probability along the path, which is the mean
@@ -273,17 +416,18 @@ def neuron_integrated_gradients(module, config, params, neuron_fill, prefix_toke
   context = None
   if prefix_tokens is not None:
     one = Ablation(neuron_mask=jnp.ones((1, cfg.num_layers, cfg.intermediate_size), dtype))
-    prefix = prefix_context(module, params, one, prefix_tokens, dtype)
+    prefix = prefix_context(module, params, one, prefix_tokens, dtype=dtype)
     expand = lambda a: jnp.broadcast_to(a, (a.shape[0], width) + a.shape[2:])  # noqa: E731
     context = Context(expand(prefix.k), expand(prefix.v), jnp.ones((width, 1, prefix_tokens.shape[0]), bool))
   where = (jnp.arange(seq)[None, :] == target_pos[:, :1])  # [Rb, S]: the first predictor position
   masks = jnp.broadcast_to(jnp.tile(alphas, rows)[:, None, None], (width, cfg.num_layers, cfg.intermediate_size))
+  slots = jnp.repeat(target_valid.astype(jnp.float32)[..., None], steps, axis=0)  # [Rb * steps, T, 1]
 
   def probability(mask):
     ablation = Ablation(neuron_mask=mask, neuron_fill=neuron_fill, neuron_where=repeat(where))
     out = module.apply({"params": params}, repeat(tokens), repeat(positions), ablation, context, dtype=dtype)
-    logprob, _ = _target_logprob(config, params, out.hidden, repeat(target_pos), repeat(target_ids),
-                                 repeat(target_valid))
+    logprob, _ = _target_logprob(config, params, out.hidden, jnp.repeat(target_pos, steps, axis=0),
+                                 jnp.repeat(target_ids, steps, axis=0), slots)
     return jnp.exp(logprob).sum()
 
   grad = jax.grad(probability)(masks.astype(dtype))

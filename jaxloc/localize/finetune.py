@@ -57,10 +57,9 @@ class Training:
   trained_parameters: int
 
 
-def _loss(module, config, params, ablation, prefix, tokens, positions, target_pos, target_ids, target_valid, weights,
-          dtype):
-  value = scoring.mask_objective(module, config, params, ablation, prefix, tokens, positions, target_pos, target_ids,
-                                 target_valid, weights, jnp.zeros_like(weights), dtype)
+def _loss(module, config, params, ablation, prefix, rows, weights, dtype):
+  value = scoring.mask_objective(module, config, params, ablation, prefix, rows, weights, jnp.zeros_like(weights),
+                                 dtype)
   return -value.sum()
 
 
@@ -77,8 +76,8 @@ def finetune(engine, requests, neurons: Sequence[tuple[int, int]], *, steps: int
   chunks = []
   for chunk in lay.chunks:
     weights = np.where(chunk.index >= 0, 1.0 / len(requests), 0.0).astype(np.float32)
-    chunks.append([mesh_lib.put(a, replicated) for a in (chunk.tokens, chunk.positions, chunk.target_pos,
-                                                         chunk.target_ids, chunk.target_valid, weights)])
+    chunks.append([jax.tree_util.tree_map(lambda a: mesh_lib.put(a, replicated), chunk.rows),
+                   mesh_lib.put(weights, replicated)])
   mask = neuron_parameter_mask(engine.params, neurons)
   grad_fn = jax.jit(jax.value_and_grad(functools.partial(_loss, engine.model.module, c, dtype=engine.dtype)))
   optimizer = optax.adam(learning_rate)

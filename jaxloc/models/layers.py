@@ -108,8 +108,9 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, cos: Array, sin: Array, head_mask: Array | None, head_fill: Array | None,
-               context: Context | None, token_valid: Array | None):
-    """x: [M, R, S, D]; head_mask: [M, K, G] (1 keep, 0 ablate); head_fill: [K, G, Dh] or None.
+               context: Context | None, segments: Array | None):
+    """x: [M, R, S, D]; head_mask: [M, K, G] (1 keep, 0 ablate); head_fill: [K, G, Dh] or None;
+    segments: int [M|1, R|1, S] or None (`Transformer`: a token sees earlier tokens of its own segment only).
 
     Returns (y [M, R, S, D], head outputs [M, R, S, K, G, Dh], k, v [M, R, S, K, Dh]).
     """
@@ -136,8 +137,8 @@ class Attention(nn.Module):
     scale = 1.0 / math.sqrt(hd)
     seq = x.shape[2]
     visible = jnp.tril(jnp.ones((seq, seq), bool))[None, None, None, None]  # [1, 1, 1, 1, S, T]
-    if token_valid is not None:
-      visible = visible & token_valid[:, :, None, None, None, :]
+    if segments is not None:
+      visible = visible & (segments[..., :, None] == segments[..., None, :])[:, :, None, None]
     scores = jnp.einsum("mrskgh,mrtkh->mrkgst", q, k, preferred_element_type=jnp.float32) * scale
     scores = jnp.where(visible, scores, _MASKED_SCORE)
     if context is not None:

@@ -71,14 +71,15 @@ def test_scores_match_transformers_on_smollm2(smollm2, smollm2_engine, smollm2_t
 
 
 def test_bucketing_bounds_compilations(tiny_model):
-  """30 request sets of different lengths compile one shape per length bucket, not one per set or mask."""
+  """30 request sets of different lengths compile a few shapes per length bucket (scoring from layer 0, from a later
+  layer, and the residual streams that allows), not one per set or mask."""
   engine = Engine(tiny_model, share_prefix=False, tokens_per_batch=4096)
   masks = random_masks(tiny_model.config, 3)
   rng = np.random.default_rng(0)
   for n in range(30):
     words = " ".join(["word"] * int(rng.integers(3, 60)))
     engine.score([ScoringRequest(words, " end"), ScoringRequest("short", " x")], masks)
-  assert engine.compile_count <= len({batching.bucket(n) for n in range(1, 64)}) == 8
+  assert engine.compile_count <= 3 * len({batching.bucket(n) for n in range(1, 64)}) == 24
 
 
 def test_bucket_ladder():
@@ -171,11 +172,11 @@ def test_retained_probability_of_soft_masks_and_its_gradient(tiny_model):
 def test_request_chunks_are_balanced(tiny_model):
   """100 requests that do not fit one call are cut into equal chunks, not 97 + a padded 3."""
   requests = few_shot_requests(100, seed=5)
-  engine = Engine(tiny_model, share_prefix=False, tokens_per_batch=2000)
+  engine = Engine(tiny_model, share_prefix=False, pack=False, tokens_per_batch=2000)
   layout, _ = engine.prepare(requests, 1)
   sizes = [int((c.index >= 0).sum()) for c in layout.chunks]
   assert len(sizes) > 1 and max(sizes) - min(sizes) <= 1
-  assert all(c.tokens.shape[0] == layout.chunks[0].tokens.shape[0] for c in layout.chunks)
+  assert all(c.rows.tokens.shape[0] == layout.chunks[0].rows.tokens.shape[0] for c in layout.chunks)
 
 
 def test_masks_per_call_come_from_a_small_ladder(tiny_model):

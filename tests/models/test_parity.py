@@ -60,12 +60,12 @@ def tiny(request, tmp_path_factory):
   return loaded, reference
 
 
-def _jax_logits(loaded, tokens, positions=None, head_mask=None, token_valid=None, neuron_mask=None):
+def _jax_logits(loaded, tokens, positions=None, head_mask=None, segments=None, neuron_mask=None):
   tokens = jnp.asarray(tokens)[:, None]  # [batch as masks, 1 request, seq]
   if positions is None:
     positions = jnp.arange(tokens.shape[-1])[None, None]
   out = loaded.module.apply({"params": loaded.params}, tokens, jnp.asarray(positions),
-                            Ablation(head_mask=head_mask, neuron_mask=neuron_mask), token_valid=token_valid)
+                            Ablation(head_mask=head_mask, neuron_mask=neuron_mask), segments=segments)
   return np.asarray(lm_logits(loaded.config, loaded.params, out.hidden))[:, 0]
 
 
@@ -80,7 +80,7 @@ def test_logits_match_transformers(tiny):
 
 
 def test_padded_batch_matches_unpadded_sequences(tiny):
-  """Right padding needs no mask; left padding needs token_valid and shifted positions."""
+  """Right padding needs no mask; left padding needs segments (-1 on padding) and shifted positions."""
   loaded, reference = tiny
   rng = np.random.default_rng(1)
   lengths = [37, 21, 8]
@@ -99,7 +99,7 @@ def test_padded_batch_matches_unpadded_sequences(tiny):
     left_valid[i, width - len(s):] = True
     left_pos[i, width - len(s):] = np.arange(len(s))
   ours_right = _jax_logits(loaded, right)
-  ours_left = _jax_logits(loaded, left, positions=left_pos[:, None], token_valid=jnp.asarray(left_valid)[:, None])
+  ours_left = _jax_logits(loaded, left, positions=left_pos[:, None], segments=jnp.where(left_valid, 0, -1)[:, None])
   for i, s in enumerate(seqs):
     assert np.abs(ours_right[i, :len(s)] - expected[i]).max() < TOL_TINY
     assert np.abs(ours_left[i, width - len(s):] - expected[i]).max() < TOL_TINY
