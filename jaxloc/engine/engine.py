@@ -110,7 +110,7 @@ class Engine:
     self.params = mesh_lib.shard_params(model.params, self.mesh)
     self.stats = EngineStats()
     self._layouts: dict = {}
-    self._residuals: dict = {}  # layout key -> unablated residual streams per chunk, oldest first
+    self._residuals: dict = {}  # (requests, chunk shape) -> (unablated residual streams per chunk, bytes), LRU first
     self._too_big: set = set()  # layout keys whose streams did not fit the residual cache
     self._stop_cache: dict = {}
     self._token_strings: list[str] | None = None
@@ -222,9 +222,7 @@ class Engine:
              f"packed, {width} wide" if self.pack else "one request each", len(lay.chunks), rows_per_chunk,
              plan.masks_per_call, plan.estimated_bytes / batching.GIB)
     if len(self._layouts) >= MAX_LAYOUTS:  # a learned mask lays out a new minibatch of requests every step
-      dropped = next(iter(self._layouts))
-      self._layouts.pop(dropped)
-      self._residuals.pop(dropped, None)
+      self._layouts.pop(next(iter(self._layouts)))
     self._layouts[key] = lay, plan
     return lay, plan
 
@@ -239,14 +237,14 @@ class Engine:
         touched |= (given != 1).any(axis=2)
     return np.where(touched.any(axis=1), touched.argmax(axis=1), self.config.num_layers)
 
-  def _residual_streams(self, requests: Sequence[ScoringRequest], num_masks: int, chunks: list):
-    """The unablated residual streams of a laid-out request set, per chunk (computed once, kept while the residual
-    cache has room, oldest dropped first); None when they cannot fit it."""
-    key = (tuple(requests), num_masks)
+  def _residual_streams(self, requests: Sequence[ScoringRequest], lay: scoring.ScoringLayout, chunks: list):
+    """The unablated residual streams of a laid-out request set, per chunk (computed once per request set and chunk
+    shape, whatever the number of masks; kept while the residual cache has room, least recently used dropped
+    first); None when they cannot fit it."""
+    key = (tuple(requests), len(lay.chunks), lay.chunks[0].rows.tokens.shape)
     if key in self._residuals:
       self._residuals[key] = self._residuals.pop(key)  # most recently used last
       return self._residuals[key][0]
-    lay = self._layouts[key][0]
     c = self.config
     size = (c.num_layers * c.hidden_size * jnp.dtype(self.dtype).itemsize
             * (len(lay.prefix) + sum(chunk.rows.tokens.size for chunk in lay.chunks)))
@@ -285,7 +283,7 @@ class Engine:
     prefix = mesh_lib.put(lay.prefix, replicated) if len(lay.prefix) else None
     chunks = [(chunk, self._put_rows(chunk.rows, row_sharding)) for chunk in lay.chunks]
     starts = self.start_layers(masks) if self.residual_cache_bytes else np.zeros(len(masks), np.int64)
-    streams = self._residual_streams(requests, len(masks), chunks) if starts.max() > 0 else None
+    streams = self._residual_streams(requests, lay, chunks) if starts.max() > 0 else None
     if streams is None:
       starts = np.zeros(len(masks), np.int64)
     order = np.argsort(starts, kind="stable")

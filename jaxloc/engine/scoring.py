@@ -203,15 +203,15 @@ class ScoringLayout:
 def _first_fit(lengths: np.ndarray, width: int) -> list[list[int]]:
   """Requests (indices) into rows of `width` tokens, longest first, each into the first row with room."""
   rows: list[list[int]] = []
-  free: list[int] = []
+  free = np.zeros(len(lengths), np.int64)  # room left in each row opened so far (at most one row per request)
   for i in np.argsort(-lengths, kind="stable"):
-    row = next((r for r, room in enumerate(free) if room >= lengths[i]), None)
-    if row is None:
+    fits = free[:len(rows)] >= lengths[i]
+    row = int(fits.argmax()) if fits.any() else len(rows)
+    if row == len(rows):
       rows.append([])
-      free.append(width)
-      row = len(rows) - 1
+      free[row] = width
     rows[row].append(int(i))
-    free[row] -= int(lengths[i])
+    free[row] -= lengths[i]
   return rows
 
 
