@@ -412,14 +412,22 @@ class Engine:
     rows1, rows2, rows3 = (mesh_lib.data_sharding(self.mesh, n) for n in (1, 2, 3))
     replicated = mesh_lib.replicated(self.mesh)
     starts = self.start_layers(masks) if self.residual_cache_bytes else np.zeros(len(masks), np.int64)
-    streams = self._prompt_streams(prompt_ids, pairs, starts)
+    streams = None
+    if starts.max() > 0:
+      # Rows resume at their batch's lowest first ablated layer from the prompts' unablated prefill (computed once
+      # per prompt) when that computes fewer prompt tokens × layers than every row prefilling itself. Batches pad
+      # to their longest prompt: keep the callers' order (one prompt under many masks per batch, little padding)
+      # or group rows by start layer, whichever costs less.
+      by_start = sorted(pairs, key=lambda pair: starts[pair[0]])
+      order = min((pairs, by_start), key=lambda o: self._prefill_cost(o, prompt_ids, starts, batch))
+      distinct = sorted({i for _, i in pairs})
+      shared_cost = (len(distinct) * batching.bucket(max(len(prompt_ids[i]) for i in distinct))
+                     * self.config.num_layers + self._prefill_cost(order, prompt_ids, starts, batch))
+      if shared_cost < self._prefill_cost(pairs, prompt_ids, np.zeros_like(starts), batch):
+        streams = self._prompt_streams(prompt_ids, distinct)
     if streams is not None:
       prompts, streams = streams
-      # Batches start at their rows' lowest first ablated layer and pad to their longest prompt: keep the callers'
-      # order (one prompt under many masks per batch, little padding) or group rows by start layer, whichever
-      # computes fewer prompt tokens × layers.
-      by_start = sorted(pairs, key=lambda pair: starts[pair[0]])
-      pairs = min((pairs, by_start), key=lambda order: self._prefill_cost(order, prompt_ids, starts, batch))
+      pairs = order
     for begin in range(0, len(pairs), batch):
       start = time.perf_counter()
       chunk = pairs[begin:begin + batch]
@@ -459,13 +467,10 @@ class Engine:
       cost += batch * batching.bucket(max(len(prompt_ids[i]) for _, i in chunk)) * (self.config.num_layers - layer)
     return cost
 
-  def _prompt_streams(self, prompt_ids, pairs, starts: np.ndarray):
-    """The unablated prefill (`generation.prompt_streams`) of every prompt in `pairs`, left-padded to one width,
-    when some mask starts past layer 0 and it fits the residual cache: ({prompt: row}, device arrays); else None."""
-    if not len(starts) or starts.max() == 0:
-      return None
+  def _prompt_streams(self, prompt_ids, distinct: list[int]):
+    """The unablated prefill (`generation.prompt_streams`) of the prompts `distinct`, left-padded to one width, when
+    it fits the residual cache: ({prompt: row}, device arrays); else None."""
     c = self.config
-    distinct = sorted({i for _, i in pairs})
     width = batching.bucket(max(len(prompt_ids[i]) for i in distinct))
     size = (c.num_layers * len(distinct) * width * (c.hidden_size + 2 * c.num_kv_heads * c.head_dim)
             * jnp.dtype(self.dtype).itemsize)

@@ -151,5 +151,14 @@ def test_shared_prefill_generates_as_full_prefill(tiny_model):
   full = Engine(tiny_model, generation_batch=4, residual_cache_bytes=0)
   a = fast.generate_tokens(prompts, heads, max_new_tokens=6)
   b = full.generate_tokens(prompts, heads, max_new_tokens=6)
+  assert fast.stats.calls == full.stats.calls + 1  # the shared prefill ran (once)
   assert a == b
   assert len({tuple(row[0]) for row in a}) > 1  # the masks change what is generated
+
+
+def test_one_mask_generation_skips_the_shared_prefill(tiny_model):
+  """Each prompt under a single mask: a shared prefill would only add work, so none runs."""
+  heads = single_head_masks(tiny_model.config)[-1:]
+  engine = Engine(tiny_model, generation_batch=4)
+  engine.generate_tokens([[5, 9, 3], [4, 4, 6, 1]], heads, max_new_tokens=3)
+  assert engine.stats.calls == 1
