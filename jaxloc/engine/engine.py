@@ -10,7 +10,10 @@ ablated) convert with `keep = 1 - ablated`.
     texts = engine.generate(requests, head_masks)  # [M][R] strings, cut at stop strings
 
 Everything per call is one jitted function; shapes are bucketed (see `batching.py`) so a run compiles
-a handful of times; `compile_count` reports how many.
+a handful of times; `compile_count` reports how many. Short requests are packed several to a row (`scoring.arrange`),
+and masks are grouped by the first layer they ablate: a batch starts there from the unablated model's residual
+streams, kept per request set within `residual_cache_bytes` (generation rows likewise share their prompts'
+unablated prefill below that layer).
 """
 
 from __future__ import annotations

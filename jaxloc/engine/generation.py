@@ -1,5 +1,8 @@
 """Greedy decoding under head and/or neuron masks: one jitted prefill plus a `lax.while_loop` over new tokens.
 
+Rows whose masks ablate nothing below layer l can resume the prefill at l from the prompts' unablated prefill
+(`prompt_streams`, computed once per prompt and shared by every mask).
+
 Axes: `batch` B (one (mask, request) pair each; every sequence carries its own head mask), `seq` S
 (left-padded prompt), `cache` C = S + max_new_tokens, `layers` L, `kv_heads` K, `head_dim` Dh,
 `vocab` V, `states` Q (of the stop-string automaton).
