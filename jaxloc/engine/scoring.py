@@ -195,10 +195,6 @@ class ScoringLayout:
   def padded_tokens_per_mask(self) -> int:
     return len(self.prefix) + sum(c.rows.tokens.size for c in self.chunks)
 
-  @property
-  def padded_targets_per_mask(self) -> int:
-    return sum(c.rows.target_ids.size for c in self.chunks)
-
 
 def _first_fit(lengths: np.ndarray, width: int) -> list[list[int]]:
   """Requests (indices) into rows of `width` tokens, longest first, each into the first row with room."""
