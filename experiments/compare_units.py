@@ -17,8 +17,8 @@ from absl import flags
 from jaxloc import cli, files
 from jaxloc.api import read_run
 from jaxloc.errors import UserError
-from jaxloc.localize import compare_units
-from jaxloc.report import compare_units as report
+from jaxloc.studies import heads_vs_neurons as compare_units
+from jaxloc.report import heads_vs_neurons as report
 
 flags.DEFINE_string("heads_run", None, "A finished heads run (experiments.localize --output_dir).", required=True)
 flags.DEFINE_string("neurons_run", None, "A finished neurons run of the same model and task (--unit=neurons).",

@@ -6,7 +6,7 @@
 The neurons are the run's located set (for cnl its commonality neurons; else --count, default the run's top-k).
 Training is full-batch Adam on the target's identification documents (the run's); every task is then measured on
 the run's held-out documents, before and after, for the located neurons and for --draws random sets of the same
-size (`jaxloc.localize.finetune`).
+size (`jaxloc.studies.finetune`).
 """
 
 import dataclasses
@@ -19,10 +19,10 @@ from jaxloc.api import read_run
 from jaxloc.engine.engine import Engine
 from jaxloc.errors import UserError
 from jaxloc.heads import parse_units, units_per_layer
-from jaxloc.localize import finetune
-from jaxloc.localize.compare_units import run_settings
+from jaxloc.studies import finetune
+from jaxloc.studies.heads_vs_neurons import run_settings
 from jaxloc.localize.run import load_tasks
-from jaxloc.report.summary import task_label
+from jaxloc.tasks.names import task_label
 from jaxloc.tasks.evaluation import Evaluator
 
 flags.DEFINE_string("neurons_run", None, "A finished neurons run (experiments.localize --unit=neurons).", required=True)

@@ -29,7 +29,7 @@ from jaxloc.report.plots import write_plots
 
 @dataclasses.dataclass
 class Run:
-  """A finished localization run, read from its output directory (the ARCHITECTURE.md contract).
+  """A finished localization run, read from its output directory (the output contract: measurements.npz, heads.json, ablation.json).
 
   info: heads.json (model, task, method, metric, heads ranked most important first, top_k, flags, timing, ...), or
   neurons.json for a `--unit=neurons` run (the same with "neurons" for "heads").

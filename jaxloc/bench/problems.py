@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxloc.bench.mask_cache import MaskCache
 from jaxloc.errors import UserError
-from jaxloc.localize.synthetic import SyntheticResponse
+from jaxloc.bench.simulator import SyntheticResponse
 from jaxloc.tasks.evaluation import Evaluator, RetainedProbability
 
 

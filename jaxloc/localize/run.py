@@ -4,7 +4,7 @@ universal heads, validate on held-out documents, bootstrap the confidence, write
 The units are attention heads, or with `--unit=neurons` MLP neurons: only the layout changes (units per layer,
 their names, `neurons.json` for `heads.json`); below, "heads" stands for either.
 
-Outputs in `output_dir` (contract, ARCHITECTURE.md): `measurements.npz` (the target's), `heads.json` (or
+Outputs in `output_dir` (a contract users and scripts rely on): `measurements.npz` (the target's), `heads.json` (or
 `neurons.json`), `coefficients.npy` [layers, units], and after validation `ablation.json`; each general task's measurements
 under the same masks in `general/<task>/measurements.npz` (same contract); `jaxloc.report` draws the plots.
 The runner drives the method through its plan (`methods.base`) and never asks which method it runs.
@@ -34,7 +34,7 @@ from jaxloc.heads import parse_units, run_file, singular, unit_name, units_per_l
 from jaxloc.localize import confidence, designs, methods, specificity, validate
 from jaxloc.localize.measurements import MeasurementStore
 from jaxloc.localize.settings import LocalizeSettings
-from jaxloc.report.summary import task_label
+from jaxloc.tasks.names import task_label
 from jaxloc.tasks.evaluation import Evaluator, RetainedProbability, load_task_split
 
 log = logging.getLogger(__name__)

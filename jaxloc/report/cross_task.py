@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 
 from jaxloc import files  # noqa: E402
 from jaxloc.errors import UserError  # noqa: E402
-from jaxloc.report.summary import task_label  # noqa: E402
+from jaxloc.tasks.names import task_label  # noqa: E402
 
 
 def load_run(directory: str) -> dict[str, Any]:

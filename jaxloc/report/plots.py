@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 
 from jaxloc import files  # noqa: E402
 from jaxloc.heads import run_file  # noqa: E402
-from jaxloc.report.summary import task_label  # noqa: E402
+from jaxloc.tasks.names import task_label  # noqa: E402
 
 
 def heatmap(coefficients: np.ndarray, heads: dict[str, Any], path: str) -> None:

@@ -6,15 +6,7 @@ import os
 from typing import Any
 
 from jaxloc.heads import singular
-
-
-def task_label(name: str) -> str:
-  """A registered task's name, or for a task given by a file (a custom .jsonl, an lm-eval task YAML) the file's
-  stem (not a truncated path), after its `lm_eval:` prefix if it has one."""
-  if not name.endswith((".jsonl", ".yaml", ".yml")):
-    return name
-  prefix = "lm_eval:" if name.startswith("lm_eval:") else ""
-  return prefix + os.path.splitext(os.path.basename(name))[0]
+from jaxloc.tasks.names import task_label
 
 
 def _width(name: str) -> int:

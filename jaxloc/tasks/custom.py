@@ -1,4 +1,4 @@
-"""Custom tasks from a user's JSONL file (the contract in ARCHITECTURE.md, "Custom task files").
+"""Custom tasks from a user's JSONL file.
 
 One JSON object per line, every line the same shape:
 - `{"prompt": str, "target": str}`: scored by teacher forcing; tokens are `tokenizer(prompt)` with

@@ -11,7 +11,7 @@ from jaxloc.bench import diagnostics, problems, sweep
 from jaxloc.bench.mask_cache import MaskCache
 from jaxloc.errors import UserError
 from jaxloc.localize import designs
-from jaxloc.localize.synthetic import SyntheticResponse
+from jaxloc.bench.simulator import SyntheticResponse
 from jaxloc.report import efficiency as report
 
 BASE = sweep.EfficiencyConfig(output_dir="unused").base_settings("fake")

@@ -13,9 +13,10 @@ here would mean a bug, not bad luck.
 import numpy as np
 import pytest
 
-from jaxloc.localize import designs, solver, stability
+from jaxloc.lasso import solver, stability
+from jaxloc.localize import designs
 from jaxloc.localize.methods.base import rank_by
-from jaxloc.localize.synthetic import SyntheticResponse
+from jaxloc.bench.simulator import SyntheticResponse
 
 NUM_HEADS, NUM_MASKS, RATE = 512, 300, 0.1
 

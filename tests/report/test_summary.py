@@ -1,6 +1,7 @@
 """The table printed after a localization run."""
 
-from jaxloc.report.summary import summary_table, task_label
+from jaxloc.report.summary import summary_table
+from jaxloc.tasks.names import task_label
 
 
 def _heads(task):

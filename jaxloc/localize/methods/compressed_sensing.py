@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc.errors import UserError
-from jaxloc.localize import designs, solver
+from jaxloc.lasso import solver
+from jaxloc.localize import designs
 from jaxloc.localize.methods.base import Context, FixedDesignPlan, Measured, Ranking, marginal_effects, rank_by
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def lasso(settings, masks: np.ndarray, scores: np.ndarray, metric: str) -> tuple
     facts.update(intercept=float(fit.intercept), converged=bool(fit.converged), iterations=int(fit.iterations),
                  nonzero=int(np.count_nonzero(coef)))
     if settings.check_sklearn:
-      from jaxloc.localize.crosscheck import check_against_sklearn
+      from jaxloc.lasso.crosscheck import check_against_sklearn
 
       facts["sklearn_max_abs_diff"] = float(check_against_sklearn(X, y, float(fit.alpha), result=fit, **options))
   return coef, facts

@@ -1,8 +1,8 @@
-"""Lasso by FISTA in JAX: the solver that turns measurements into per-head coefficients.
+"""Lasso by FISTA in JAX: the solver that turns measurements into per-feature coefficients.
 
 Axes:
   masks:  rows of the design X (one model evaluation each); the Lasso's samples.
-  heads:  columns of X (flattened `layers * heads`, True/1 = ablated); the Lasso's features.
+  features: columns of X (for jaxloc, units flattened `layers * units`, True/1 = ablated).
   alphas: points of a regularization path (decreasing).
   folds, subsamples: independent problems solved side by side under `jax.vmap`.
 
@@ -29,7 +29,7 @@ min(v + step*alpha*p, 0)).
 
 Algorithm: FISTA (Beck & Teboulle 2009) with the gradient restart of O'Donoghue & Candes (2015),
 step 1/L with L the largest eigenvalue of the weighted centered Gram matrix / n (100 steps of power
-iteration on the smaller of the [masks, masks] and [heads, heads] Gram matrices, plus 1%). Iteration
+iteration on the smaller of the [masks, masks] and [features, features] Gram matrices, plus 1%). Iteration
 stops when the iterate reaches an exact fixed point, or when at a check (every CHECK_EVERY = 50
 steps) the change of the coefficients over the last 50 steps, max_j |x_k - x_{k-50}|, is at most
 tol * max(max_j |x_k|, alpha_max / L): a relative change, floored at the scale of the first
@@ -82,7 +82,7 @@ def _default_tol(dtype) -> float:
 class LassoResult:
   """One Lasso fit (leading batch axes when vmapped).
 
-  coef:       [heads] coefficients in the units of y (negative = ablating the head lowers the
+  coef:       [features] coefficients in the units of y (negative = ablating the head lowers the
               score).
   intercept:  [] the score predicted with no head ablated, in the units of y.
   alpha:      [] the penalty used (in standardized units when standardize=True).
@@ -109,7 +109,7 @@ class LassoPath:
   """A warm-started regularization path.
 
   alphas:     [alphas] decreasing penalties.
-  coef:       [alphas, heads] coefficients in the units of y.
+  coef:       [alphas, features] coefficients in the units of y.
   intercept:  [alphas]
   iterations: [alphas] FISTA iterations per alpha.
   converged:  [alphas]
@@ -153,17 +153,17 @@ class LassoCVResult:
 
 class _Problem(NamedTuple):
   """Centered, weighted, possibly standardized problem; X0 is shared under vmap over y/weights."""
-  X0: jax.Array        # [masks, heads] X minus its unweighted column means (or X if no intercept)
-  x_offset: jax.Array  # [heads] weighted column means of X0 (~0 without sample weights)
+  X0: jax.Array        # [masks, features] X minus its unweighted column means (or X if no intercept)
+  x_offset: jax.Array  # [features] weighted column means of X0 (~0 without sample weights)
   sw: jax.Array        # [masks] sample weights
   ys: jax.Array        # [masks] centered (and standardized) target
   n_eff: jax.Array     # [] sum of sample weights
   y_mean: jax.Array    # [] weighted mean of y (0 without intercept)
   y_scale: jax.Array   # [] standardization scale (1 when off)
-  x_mean: jax.Array    # [heads] weighted column means of X (0 without intercept)
+  x_mean: jax.Array    # [features] weighted column means of X (0 without intercept)
 
 
-def _prepare(X, y, sample_weight, fit_intercept: bool, standardize: bool, dtype) -> _Problem:
+def prepare(X, y, sample_weight, fit_intercept: bool, standardize: bool, dtype) -> _Problem:
   X = jnp.asarray(X, dtype)
   y = jnp.asarray(y, dtype)
   n, num_features = X.shape
@@ -198,7 +198,7 @@ def _matvec(p: _Problem, w):
 
 
 def _rmatvec(p: _Problem, r):
-  """(X - x_mean)^T r, [heads]."""
+  """(X - x_mean)^T r, [features]."""
   # `r @ X0`, not `X0.T @ r`: on CPU XLA makes the transposed form ~10x slower.
   return r @ p.X0 - p.x_offset * jnp.sum(r)
 
@@ -321,13 +321,13 @@ def _intercept(p: _Problem, coef_y_units, fit_intercept: bool):
 # ------------------------------------------------------------------------------------------------
 # Jitted cores (options static; arrays traced, so vmap over any array argument works).
 
-_STATIC = ("fit_intercept", "standardize", "nonpositive", "tol", "max_iter", "restart", "dtype")
+STATIC_OPTIONS = ("fit_intercept", "standardize", "nonpositive", "tol", "max_iter", "restart", "dtype")
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@functools.partial(jax.jit, static_argnames=STATIC_OPTIONS)
 def _fit_core(X, y, alpha, sample_weight, penalty_weights, init, *, fit_intercept, standardize,
               nonpositive, tol, max_iter, restart, dtype) -> LassoResult:
-  p = _prepare(X, y, sample_weight, fit_intercept, standardize, dtype)
+  p = prepare(X, y, sample_weight, fit_intercept, standardize, dtype)
   alpha = jnp.asarray(alpha, dtype)
   pw = None if penalty_weights is None else jnp.asarray(penalty_weights, dtype)
   lip = _lipschitz(p)
@@ -341,7 +341,7 @@ def _fit_core(X, y, alpha, sample_weight, penalty_weights, init, *, fit_intercep
                      dual_gap=_dual_gap(p, out.coef, alpha, pw, nonpositive))
 
 
-def _path_of(p: _Problem, alphas, pw, *, fit_intercept, nonpositive, tol, max_iter,
+def path_of(p: _Problem, alphas, pw, *, fit_intercept, nonpositive, tol, max_iter,
              restart) -> LassoPath:
   dtype = p.X0.dtype
   lip = _lipschitz(p)
@@ -367,25 +367,25 @@ def _grid(p: _Problem, num_alphas: int, eps, nonpositive: bool):
   return jnp.where(top <= resolution, jnp.full_like(grid, resolution), grid)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC + ("num_alphas",))
+@functools.partial(jax.jit, static_argnames=STATIC_OPTIONS + ("num_alphas",))
 def _path_core(X, y, alphas, eps, sample_weight, penalty_weights, *, num_alphas, fit_intercept,
                standardize, nonpositive, tol, max_iter, restart, dtype) -> LassoPath:
-  p = _prepare(X, y, sample_weight, fit_intercept, standardize, dtype)
+  p = prepare(X, y, sample_weight, fit_intercept, standardize, dtype)
   pw = None if penalty_weights is None else jnp.asarray(penalty_weights, dtype)
   if alphas is None:
     alphas = _grid(p, num_alphas, eps, nonpositive)
   else:
     alphas = jnp.sort(jnp.asarray(alphas, dtype))[::-1]
-  return _path_of(p, alphas, pw, fit_intercept=fit_intercept, nonpositive=nonpositive, tol=tol,
+  return path_of(p, alphas, pw, fit_intercept=fit_intercept, nonpositive=nonpositive, tol=tol,
                   max_iter=max_iter, restart=restart)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC + ("num_alphas",))
+@functools.partial(jax.jit, static_argnames=STATIC_OPTIONS + ("num_alphas",))
 def _cv_core(X, y, alphas, eps, train_weights, *, num_alphas, fit_intercept, standardize,
              nonpositive, tol, max_iter, restart, dtype) -> LassoCVResult:
   # Standardize once on all masks, then cross-validate the standardized problem (as the paper's
   # code does: standardize the scores, then LassoCV).
-  full = _prepare(X, y, None, fit_intercept, standardize, dtype)
+  full = prepare(X, y, None, fit_intercept, standardize, dtype)
   y_solved = full.ys  # centered when fit_intercept, and scaled when standardize
   if alphas is None:
     alphas = _grid(full, num_alphas, eps, nonpositive)
@@ -395,8 +395,8 @@ def _cv_core(X, y, alphas, eps, train_weights, *, num_alphas, fit_intercept, sta
             restart=restart)
 
   def path_for(weights):
-    p = _prepare(X, y_solved, weights, fit_intercept, False, dtype)
-    return _path_of(p, alphas, None, **kw)
+    p = prepare(X, y_solved, weights, fit_intercept, False, dtype)
+    return path_of(p, alphas, None, **kw)
 
   # Row 0 of the batch is all masks (the refit); rows 1.. are the training sets of the folds.
   all_weights = jnp.concatenate([jnp.ones((1, X.shape[0]), dtype),
@@ -423,7 +423,7 @@ def _cv_core(X, y, alphas, eps, train_weights, *, num_alphas, fit_intercept, sta
 # Public API.
 
 
-def _resolve(dtype, tol):
+def resolve_precision(dtype, tol):
   dtype = jnp.dtype(jnp.float32 if dtype is None else dtype)
   if dtype not in (jnp.float32, jnp.float64):
     raise UserError(f"solver dtype must be float32 or float64, got {dtype}")
@@ -435,9 +435,9 @@ def _resolve(dtype, tol):
   return dtype, tol
 
 
-def _check_xy(X, y):
+def check_xy(X, y):
   if getattr(X, "ndim", None) != 2:
-    raise UserError(f"X must be a [masks, heads] matrix, got shape {getattr(X, 'shape', None)}")
+    raise UserError(f"X must be a [masks, features] matrix, got shape {getattr(X, 'shape', None)}")
   if getattr(y, "ndim", None) != 1 or y.shape[0] != X.shape[0]:
     raise UserError(
         f"y must be a vector of one score per mask ({X.shape[0]}), got shape "
@@ -451,12 +451,12 @@ def _check_alpha(alpha):
     raise UserError(f"lasso alpha must be >= 0, got {alpha!r}")
 
 
-def _check_max_iter(max_iter):
+def check_max_iter(max_iter):
   if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
     raise UserError(f"max_iter must be a positive integer, got {max_iter!r}")
 
 
-def _as_array(a):
+def as_array(a):
   return a if isinstance(a, (jax.Array, np.ndarray)) else np.asarray(a)
 
 
@@ -464,21 +464,21 @@ def fit_lasso(X, y, alpha, *, sample_weight=None, penalty_weights=None, init=Non
               fit_intercept: bool = True, standardize: bool = False, nonpositive: bool = False,
               tol: float | None = None, max_iter: int = DEFAULT_MAX_ITER, restart: bool = True,
               dtype=None) -> LassoResult:
-  """Lasso at one alpha. X: [masks, heads] (0/1 or bool, 1 = ablated), y: [masks] scores.
+  """Lasso at one alpha. X: [masks, features] (0/1 or bool, 1 = ablated), y: [masks] scores.
 
   sample_weight: [masks] nonnegative (e.g. 0/1 for a subsample, counts for a bootstrap).
-  penalty_weights: [heads] positive per-head multipliers of alpha (randomized lasso).
-  init: [heads] warm start, in the units of y.
+  penalty_weights: [features] positive per-head multipliers of alpha (randomized lasso).
+  init: [features] warm start, in the units of y.
   tol: stopping tolerance on the relative coefficient change (default 1e-6 float32, 1e-10 float64).
   Pure and jitted: `jax.vmap(lambda y: fit_lasso(X, y, a))(Y)` solves many problems at once.
   Inside your own `jax.jit`, pass X as an argument rather than closing over a numpy array: XLA
   otherwise constant-folds X X^T at compile time, which takes seconds.
   """
-  X, y = _as_array(X), _as_array(y)
-  _check_xy(X, y)
+  X, y = as_array(X), as_array(y)
+  check_xy(X, y)
   _check_alpha(alpha)
-  _check_max_iter(max_iter)
-  dtype, tol = _resolve(dtype, tol)
+  check_max_iter(max_iter)
+  dtype, tol = resolve_precision(dtype, tol)
   return _fit_core(X, y, alpha, sample_weight, penalty_weights, init, fit_intercept=fit_intercept,
                    standardize=standardize, nonpositive=nonpositive, tol=tol, max_iter=max_iter,
                    restart=restart, dtype=dtype)
@@ -492,11 +492,11 @@ def alpha_grid(X, y, num_alphas: int = 100, eps: float = 1e-3, *, sample_weight=
   Same as sklearn's `_alpha_grid` (for nonpositive: alpha_max = max(-X_c^T y_c) / n, the smallest
   alpha at which w = 0 is optimal under w <= 0; sklearn's positive=True on -X).
   """
-  X, y = _as_array(X), _as_array(y)
-  _check_xy(X, y)
+  X, y = as_array(X), as_array(y)
+  check_xy(X, y)
   _check_grid(num_alphas, eps)
-  dtype, _ = _resolve(dtype, None)
-  p = _prepare(X, y, sample_weight, fit_intercept, standardize, dtype)
+  dtype, _ = resolve_precision(dtype, None)
+  p = prepare(X, y, sample_weight, fit_intercept, standardize, dtype)
   return _grid(p, num_alphas, eps, nonpositive)
 
 
@@ -512,19 +512,19 @@ def lasso_path(X, y, alphas=None, *, num_alphas: int = 100, eps: float = 1e-3,
                standardize: bool = False, nonpositive: bool = False, tol: float | None = None,
                max_iter: int = DEFAULT_MAX_ITER, restart: bool = True, dtype=None) -> LassoPath:
   """Warm-started path over `alphas` (sorted decreasing) or over `alpha_grid(num_alphas, eps)`."""
-  X, y = _as_array(X), _as_array(y)
-  _check_xy(X, y)
-  _check_max_iter(max_iter)
+  X, y = as_array(X), as_array(y)
+  check_xy(X, y)
+  check_max_iter(max_iter)
   if alphas is None:
     _check_grid(num_alphas, eps)
   else:
-    alphas = _as_array(alphas)
+    alphas = as_array(alphas)
     if alphas.ndim != 1 or alphas.shape[0] < 1:
       raise UserError(f"alphas must be a non-empty vector, got shape {alphas.shape}")
     if isinstance(alphas, np.ndarray) and np.any(alphas < 0):
       raise UserError(f"lasso alphas must be >= 0, got min {alphas.min()!r}")
     num_alphas = alphas.shape[0]
-  dtype, tol = _resolve(dtype, tol)
+  dtype, tol = resolve_precision(dtype, tol)
   return _path_core(X, y, alphas, eps, sample_weight, penalty_weights, num_alphas=num_alphas,
                     fit_intercept=fit_intercept, standardize=standardize, nonpositive=nonpositive,
                     tol=tol, max_iter=max_iter, restart=restart, dtype=dtype)
@@ -557,9 +557,9 @@ def lasso_cv(X, y, *, alphas=None, num_alphas: int = 100, eps: float = 1e-3, num
   come from `kfold_assignment(masks, num_folds, seed)`. All folds and the refit are solved together
   under one vmap. With standardize=True, y is standardized once on all masks before the folds.
   """
-  X, y = _as_array(X), _as_array(y)
-  _check_xy(X, y)
-  _check_max_iter(max_iter)
+  X, y = as_array(X), as_array(y)
+  check_xy(X, y)
+  check_max_iter(max_iter)
   if folds is None:
     folds = kfold_assignment(X.shape[0], num_folds, seed)
   else:
@@ -574,11 +574,11 @@ def lasso_cv(X, y, *, alphas=None, num_alphas: int = 100, eps: float = 1e-3, num
   if alphas is None:
     _check_grid(num_alphas, eps)
   else:
-    alphas = _as_array(alphas)
+    alphas = as_array(alphas)
     if isinstance(alphas, np.ndarray) and np.any(alphas < 0):
       raise UserError(f"lasso alphas must be >= 0, got min {alphas.min()!r}")
     num_alphas = alphas.shape[0]
-  dtype, tol = _resolve(dtype, tol)
+  dtype, tol = resolve_precision(dtype, tol)
   return _cv_core(X, y, alphas, eps, train, num_alphas=num_alphas, fit_intercept=fit_intercept,
                   standardize=standardize, nonpositive=nonpositive, tol=tol, max_iter=max_iter,
                   restart=restart, dtype=dtype)

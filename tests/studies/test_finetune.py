@@ -4,7 +4,7 @@ import jax
 import numpy as np
 
 from jaxloc.engine.engine import Engine
-from jaxloc.localize import finetune
+from jaxloc.studies import finetune
 from tests.engine.test_scoring import few_shot_requests
 from tests.engine.tiny import make_tiny
 

@@ -15,17 +15,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc.errors import UserError
-from jaxloc.localize.solver import (DEFAULT_MAX_ITER, _STATIC, _as_array, _check_max_iter, _check_xy, _path_of,
-                                    _prepare, _resolve, lasso_cv)
+from jaxloc.lasso.solver import (DEFAULT_MAX_ITER, STATIC_OPTIONS, as_array, check_max_iter, check_xy, path_of,
+                                    prepare, resolve_precision, lasso_cv)
 
 
 @dataclasses.dataclass(frozen=True)
 class StabilityResult:
   """Stability selection (Meinshausen & Buhlmann 2010) over random subsamples.
 
-  frequency:       [heads] max over alphas of the fraction of subsamples in which the head has a
+  frequency:       [features] max over alphas of the fraction of subsamples in which the head has a
                    nonzero coefficient; in [0, 1].
-  frequency_path:  [alphas, heads] the selection frequency at each alpha.
+  frequency_path:  [alphas, features] the selection frequency at each alpha.
   alphas:          [alphas] the penalties (standardized units when standardize=True).
   threshold:       the frequency at or above which a head counts as selected.
   selected:        indices of selected heads, highest frequency first.
@@ -76,9 +76,9 @@ def stability_selection(X, y, alpha=None, *, num_subsamples: int = 100,
   A head is selected in a refit when its coefficient is nonzero. y is standardized (if asked) once
   on all masks, so alpha means the same in every refit.
   """
-  X, y = _as_array(X), _as_array(y)
-  _check_xy(X, y)
-  _check_max_iter(max_iter)
+  X, y = as_array(X), as_array(y)
+  check_xy(X, y)
+  check_max_iter(max_iter)
   if isinstance(num_subsamples, bool) or not isinstance(num_subsamples, int) or num_subsamples < 1:
     raise UserError(f"num_subsamples must be a positive integer, got {num_subsamples!r}")
   n = X.shape[0]
@@ -91,7 +91,7 @@ def stability_selection(X, y, alpha=None, *, num_subsamples: int = 100,
     raise UserError(f"penalty_weakness must be in (0, 1], got {penalty_weakness!r}")
   if not 0.5 < threshold <= 1:
     raise UserError(f"stability threshold must be in (0.5, 1], got {threshold!r}")
-  dtype, tol = _resolve(dtype, tol)
+  dtype, tol = resolve_precision(dtype, tol)
   if alpha is None:
     cv = lasso_cv(X, y, fit_intercept=fit_intercept, standardize=standardize,
                   nonpositive=nonpositive, tol=tol, max_iter=max_iter, seed=seed, dtype=dtype)
@@ -126,18 +126,18 @@ def stability_selection(X, y, alpha=None, *, num_subsamples: int = 100,
                          num_candidates=num_candidates, num_subsamples=num_subsamples)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@functools.partial(jax.jit, static_argnames=STATIC_OPTIONS)
 def _stability_core(X, y, alphas, weights, penalty, *, fit_intercept, standardize, nonpositive,
                     tol, max_iter, restart, dtype):
-  full = _prepare(X, y, None, fit_intercept, standardize, dtype)
+  full = prepare(X, y, None, fit_intercept, standardize, dtype)
   y_solved = full.ys
   alphas = jnp.asarray(alphas, dtype)
 
   def one(sw, pw):
-    p = _prepare(X, y_solved, sw, fit_intercept, False, dtype)
-    path = _path_of(p, alphas, pw, fit_intercept=fit_intercept, nonpositive=nonpositive, tol=tol,
+    p = prepare(X, y_solved, sw, fit_intercept, False, dtype)
+    path = path_of(p, alphas, pw, fit_intercept=fit_intercept, nonpositive=nonpositive, tol=tol,
                     max_iter=max_iter, restart=restart)
-    return path.coef != 0  # [alphas, heads]
+    return path.coef != 0  # [alphas, features]
 
   if penalty is None:
     chosen = jax.vmap(lambda sw: one(sw, None))(jnp.asarray(weights, dtype))

@@ -18,7 +18,8 @@ from sklearn.linear_model import Lasso, LassoCV
 from sklearn.linear_model import lasso_path as sk_lasso_path
 
 from jaxloc.errors import UserError
-from jaxloc.localize import crosscheck, designs, solver, stability
+from jaxloc.lasso import crosscheck, solver, stability
+from jaxloc.localize import designs
 from jaxloc.localize.methods.base import rank_by
 
 TOL = 1e-4

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloc.localize.solver import DEFAULT_MAX_ITER, LassoResult, _check_xy, fit_lasso
+from jaxloc.lasso.solver import DEFAULT_MAX_ITER, LassoResult, check_xy, fit_lasso
 
 
 def check_against_sklearn(X, y, alpha, *, fit_intercept: bool = True, standardize: bool = False,
@@ -27,7 +27,7 @@ def check_against_sklearn(X, y, alpha, *, fit_intercept: bool = True, standardiz
 
   Xn = np.asarray(X, np.float64)
   yn = np.asarray(y, np.float64)
-  _check_xy(Xn, yn)
+  check_xy(Xn, yn)
   if result is None:
     if x64:
       with jax.enable_x64(True):

@@ -1,4 +1,4 @@
-"""The heads-versus-neurons comparison (`localize.compare_units`) as a markdown table and a plot."""
+"""The heads-versus-neurons comparison (`jaxloc.studies.heads_vs_neurons`) as a markdown table and a plot."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxloc import files  # noqa: E402
-from jaxloc.report.summary import task_label  # noqa: E402
+from jaxloc.tasks.names import task_label  # noqa: E402
 
 _SERIES = (("top_heads", "top heads", "tab:blue", "-"), ("top_neurons", "top neurons", "tab:orange", "-"),
            ("random_heads", "random heads", "tab:blue", ":"), ("random_neurons", "random neurons", "tab:orange", ":"))

@@ -6,7 +6,7 @@ import pytest
 
 from jaxloc.errors import UserError
 from jaxloc.localize import designs
-from jaxloc.localize.synthetic import SyntheticResponse
+from jaxloc.bench.simulator import SyntheticResponse
 
 
 def test_deterministic_given_seed():

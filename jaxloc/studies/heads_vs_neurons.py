@@ -24,7 +24,7 @@ from jaxloc.heads import parse_units, unit_name, units_per_layer
 from jaxloc.localize import validate
 from jaxloc.localize.run import load_tasks
 from jaxloc.localize.settings import LocalizeSettings
-from jaxloc.report.summary import task_label
+from jaxloc.tasks.names import task_label
 from jaxloc.tasks.evaluation import Evaluator
 
 
