@@ -21,21 +21,12 @@ from jaxloc.tasks.evaluation import Evaluator, load_task
 ABLATIONS = ("zero", "mean")
 
 
-def _check_ablation(ablation: str) -> None:
+def _evaluator(engine, task_name: str, ablation: str, unit: str, loaded: tuple[Task, list[Doc]]) -> Evaluator:
+  """The task on its documents under `ablation` over `unit`, checked."""
   if ablation not in ABLATIONS:
     raise UserError(f"unknown ablation {ablation!r}; valid: {', '.join(ABLATIONS)}")
-
-
-def _evaluate(engine, task_name: str, keep_masks, *, ablation: str, num_samples: int | None, seed: int,
-              data_dir: str | None, task_options: dict[str, Any] | None, progress: bool, per_doc: bool,
-              loaded: tuple[Task, list[Doc]] | None, unit: str = "heads") -> tuple[dict[str, np.ndarray], list]:
-  """(metrics, documents): the task (loaded here unless `loaded`) evaluated under every keep-mask as one batch."""
-  _check_ablation(ablation)
   check_unit(unit)
-  task, docs = loaded or load_task(task_name, task_options, num_samples=num_samples, seed=seed, data_dir=data_dir)
-  evaluator = Evaluator.build(engine, task_name, task, docs, ablation, unit)
-  metrics = evaluator.run(np.asarray(keep_masks, np.float32), progress=progress, per_doc=per_doc)
-  return {name: np.asarray(values) for name, values in metrics.items()}, docs
+  return Evaluator.build(engine, task_name, *loaded, ablation, unit)
 
 
 def evaluate_masks(engine, task_name: str, keep_masks, *, ablation: str = "zero", num_samples: int | None = None,
@@ -47,9 +38,9 @@ def evaluate_masks(engine, task_name: str, keep_masks, *, ablation: str = "zero"
   [masks, docs]). With mean ablation an ablated unit outputs its mean over the evaluated documents' tokens.
   `loaded`: the task and its documents when already loaded (`tasks.evaluation.load_task`, before the model, as
   the CLI does)."""
-  return _evaluate(engine, task_name, keep_masks, ablation=ablation, num_samples=num_samples, seed=seed,
-                   data_dir=data_dir, task_options=task_options, progress=progress, per_doc=per_doc,
-                   loaded=loaded, unit=unit)[0]
+  return _evaluator(engine, task_name, ablation, unit, loaded or load_task(
+      task_name, task_options, num_samples=num_samples, seed=seed, data_dir=data_dir)).run(
+          np.asarray(keep_masks, np.float32), progress=progress, per_doc=per_doc)
 
 
 def evaluate_heads(engine, task_name: str, *, heads: str | Sequence[str] | None = None, ablation: str = "zero",
@@ -68,10 +59,9 @@ def evaluate_heads(engine, task_name: str, *, heads: str | Sequence[str] | None 
   parsed = parse_units(names, config.num_layers, per_layer, unit)
   sets = [parsed[:k] for k in range(len(parsed) + 1)] if curve else [parsed]
   masks = np.stack([keep_mask(units, config.num_layers, per_layer) for units in sets])
-  _check_ablation(ablation)
-  metrics, docs = _evaluate(engine, task_name, masks, ablation=ablation if parsed else "zero", num_samples=num_samples,
-                            seed=seed, data_dir=data_dir, task_options=task_options, progress=progress, per_doc=False,
-                            loaded=loaded, unit=unit)
+  task, docs = loaded or load_task(task_name, task_options, num_samples=num_samples, seed=seed, data_dir=data_dir)
+  metrics = _evaluator(engine, task_name, ablation if parsed else "zero", unit, (task, docs)).run(
+      masks.astype(np.float32), progress=progress)
   rows = [{unit: [unit_name(layer, index, unit) for layer, index in units],
            "metrics": {name: float(values[row]) for name, values in metrics.items()}}
           for row, units in enumerate(sets)]

@@ -4,9 +4,11 @@ Axes: `masks`, `layers`, `units` (keep-masks [masks, layers, units], 1 = keep, 0
 "heads" (units = attention heads) or "neurons" (units = MLP intermediate units); `fill` is what an
 ablated unit outputs instead (None: zeros; mean ablation: per-unit means from `mean_ablation_values`).
 
-The engine is used through `engine.tokenizer`, `engine.score(requests, head_masks=, head_fill=)` (or
-`neuron_masks=`, `neuron_fill=`), `engine.score_batches(...)` (yields (mask slice, ScoreOutputs) per
-engine batch), `engine.generate(...)`, `engine.mask_objective(...)` and `engine.ablation_means(requests)`.
+`Evaluator` is the one way to evaluate a task under masks (localization, validation, `experiments.evaluate`, the
+benchmarks, the lm-eval comparison): `Evaluator.outputs` is the single place where a scored task goes to
+`engine.score_batches` and a generation task to `engine.generate`. The engine is otherwise used through
+`engine.tokenizer`, `engine.score` (unablated log-probabilities), `engine.mask_objective(...)`,
+`engine.neuron_attribution(...)` and `engine.ablation_means(requests)`.
 """
 
 from __future__ import annotations
@@ -15,29 +17,18 @@ import collections
 import dataclasses
 import json
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
-from jaxloc.engine.requests import GenerationRequest, ScoringRequest
+from jaxloc.engine.requests import GenerationRequest, ScoreOutputs, ScoringRequest
 from jaxloc.errors import UserError
 from jaxloc.heads import check_unit, units_per_layer
 from jaxloc.tasks.base import Doc, Task
 
 # Generation has no engine-side mask batches to report; this many masks go per generate call.
 GENERATION_MASKS_PER_BATCH = 16
-
-
-def _requests(engine, task: Task, docs: Sequence[Doc], tokenizer):
-  tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
-  return task.requests(docs, tokenizer)
-
-
-def _check_masks(keep, unit: str) -> None:
-  check_unit(unit)
-  if np.ndim(keep) != 3:
-    raise ValueError(f"masks must be [masks, layers, {unit}], got shape {np.shape(keep)}")
 
 
 def engine_masks(unit: str, keep, fill) -> dict[str, Any]:
@@ -54,50 +45,6 @@ def _metrics(task: Task, docs: Sequence[Doc], outputs, num_masks: int, per_doc: 
     if np.shape(values) != expected:
       raise ValueError(f"task {task.name!r} metric {name!r} has shape {np.shape(values)}; expected {list(expected)}")
   return metrics
-
-
-def run(engine, task: Task, docs: Sequence[Doc], keep, *, unit: str = "heads", fill=None, tokenizer=None,
-        progress: bool = False, per_doc: bool = False) -> dict[str, np.ndarray]:
-  """Metrics of `task` on `docs` for every mask: name -> float [masks] ([masks, docs] if `per_doc`).
-
-  Builds the task's requests with `tokenizer` (default `engine.tokenizer`), then calls
-  `engine.score` for loglikelihood tasks or `engine.generate` for generation tasks. `progress`
-  shows a bar over masks (scoring) or (mask, request) sequences (generation).
-  """
-  _check_masks(keep, unit)
-  requests = _requests(engine, task, docs, tokenizer)
-  num_masks = np.shape(keep)[0]
-  if task.output_type == "loglikelihood":
-    with tqdm(total=num_masks, desc=task.name, unit="mask", disable=not progress) as bar:
-      outputs = engine.score(requests, progress=bar.update, **engine_masks(unit, keep, fill))
-  elif task.output_type == "generate":
-    with tqdm(total=num_masks * len(requests), desc=task.name, unit="seq", disable=not progress) as bar:
-      outputs = engine.generate(requests, progress=bar.update, **engine_masks(unit, keep, fill))
-  else:
-    raise ValueError(f"task {task.name!r} has unknown output_type {task.output_type!r}")
-  return _metrics(task, docs, outputs, num_masks, per_doc)
-
-
-def run_batches(engine, task: Task, docs: Sequence[Doc], keep, *, unit: str = "heads", fill=None,
-                tokenizer=None, per_doc: bool = False) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
-  """Like `run`, but yields (mask slice, metrics of those masks) as batches finish.
-
-  Loglikelihood tasks follow the engine's own mask batches (`engine.score_batches`); generation
-  tasks go `GENERATION_MASKS_PER_BATCH` masks at a time. Callers checkpoint between batches.
-  """
-  _check_masks(keep, unit)
-  requests = _requests(engine, task, docs, tokenizer)
-  num_masks = np.shape(keep)[0]
-  if task.output_type == "loglikelihood":
-    for where, outputs in engine.score_batches(requests, **engine_masks(unit, keep, fill)):
-      yield where, _metrics(task, docs, outputs, where.stop - where.start, per_doc)
-  elif task.output_type == "generate":
-    for begin in range(0, num_masks, GENERATION_MASKS_PER_BATCH):
-      where = slice(begin, min(begin + GENERATION_MASKS_PER_BATCH, num_masks))
-      texts = engine.generate(requests, **engine_masks(unit, np.asarray(keep)[where], fill))
-      yield where, _metrics(task, docs, texts, where.stop - where.start, per_doc)
-  else:
-    raise ValueError(f"task {task.name!r} has unknown output_type {task.output_type!r}")
 
 
 def reference_requests(requests: Sequence[ScoringRequest | GenerationRequest]
@@ -117,10 +64,10 @@ def reference_requests(requests: Sequence[ScoringRequest | GenerationRequest]
   return list(dict.fromkeys(scoring))  # a multiple-choice context counts once per distinct choice
 
 
-def mean_ablation_values(engine, task: Task, docs: Sequence[Doc], *, unit: str = "heads", tokenizer=None):
+def mean_ablation_values(engine, task: Task, docs: Sequence[Doc], *, unit: str = "heads"):
   """The fill for mean ablation: each head's mean output [layers, heads, head_dim] (or each neuron's mean value
   [layers, mlp]) over the tokens of this task's requests on `docs`, with nothing ablated."""
-  heads, neurons = engine.ablation_means(reference_requests(_requests(engine, task, docs, tokenizer)))
+  heads, neurons = engine.ablation_means(reference_requests(task.requests(docs, engine.tokenizer)))
   return heads if unit == "heads" else neurons
 
 
@@ -199,12 +146,56 @@ class Evaluator:
   def _all_kept(self) -> np.ndarray:
     return np.ones((1, self.engine.config.num_layers, self.units_per_layer), np.float32)
 
-  def run(self, keep, *, progress: bool = False, per_doc: bool = False) -> dict[str, np.ndarray]:
-    return run(self.engine, self.task, self.docs, keep, unit=self.unit, fill=self.fill, progress=progress,
-               per_doc=per_doc)
+  def requests(self, docs: Sequence[Doc] | None = None) -> list[ScoringRequest | GenerationRequest]:
+    """The task's requests on its documents (or on `docs`), tokenized by the engine's tokenizer."""
+    return self.task.requests(self.docs if docs is None else docs, self.engine.tokenizer)
 
-  def batches(self, keep, *, per_doc: bool = False) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
-    return run_batches(self.engine, self.task, self.docs, keep, unit=self.unit, fill=self.fill, per_doc=per_doc)
+  def outputs(self, keep, *, progress: Callable[[int], None] | None = None
+              ) -> Iterator[tuple[slice, ScoreOutputs | list[list[str]]]]:
+    """(mask slice, the engine's outputs under those keep-masks) as batches finish: `ScoreOutputs` from
+    `engine.score_batches` for a scored task (the engine's own mask batches), generated texts [masks][docs] from
+    `engine.generate` for a generation task, `GENERATION_MASKS_PER_BATCH` masks at a time. The one place a task
+    meets the engine. `progress` counts masks (scoring) or (mask, request) sequences (generation)."""
+    check_unit(self.unit)
+    if np.ndim(keep) != 3:
+      raise ValueError(f"masks must be [masks, layers, {self.unit}], got shape {np.shape(keep)}")
+    requests = self.requests()
+    if self.task.output_type == "loglikelihood":
+      for where, scores in self.engine.score_batches(requests, **engine_masks(self.unit, keep, self.fill)):
+        if progress:
+          progress(where.stop - where.start)
+        yield where, scores
+    elif self.task.output_type == "generate":
+      for begin in range(0, len(keep), GENERATION_MASKS_PER_BATCH):
+        where = slice(begin, min(begin + GENERATION_MASKS_PER_BATCH, len(keep)))
+        yield where, self.engine.generate(requests, progress=progress,
+                                          **engine_masks(self.unit, np.asarray(keep)[where], self.fill))
+    else:
+      raise ValueError(f"task {self.task.name!r} has unknown output_type {self.task.output_type!r}")
+
+  def joined_outputs(self, keep) -> ScoreOutputs | list[list[str]]:
+    """The engine's outputs under every keep-mask in one piece (`outputs`' batches joined)."""
+    parts = [outputs for _, outputs in self.outputs(keep)]
+    if isinstance(parts[0], ScoreOutputs):
+      return ScoreOutputs(np.concatenate([p.logprob for p in parts]), np.concatenate([p.is_greedy for p in parts]),
+                          parts[0].num_tokens)
+    return [texts for part in parts for texts in part]
+
+  def batches(self, keep, *, per_doc: bool = False, progress: Callable[[int], None] | None = None
+              ) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
+    """(mask slice, the task's metrics under those masks) as batches finish (`outputs`); callers checkpoint
+    between batches. Metrics: name -> float [masks] ([masks, docs] if `per_doc`)."""
+    for where, outputs in self.outputs(keep, progress=progress):
+      yield where, _metrics(self.task, self.docs, outputs, where.stop - where.start, per_doc)
+
+  def run(self, keep, *, progress: bool = False, per_doc: bool = False) -> dict[str, np.ndarray]:
+    """The task's metrics under every keep-mask: name -> float [masks] ([masks, docs] if `per_doc`). `progress`
+    shows a bar over masks (scoring) or (mask, request) sequences (generation)."""
+    generating = self.task.output_type == "generate"
+    total = len(keep) * (len(self.docs) if generating else 1)
+    with tqdm(total=total, desc=self.name, unit="seq" if generating else "mask", disable=not progress) as bar:
+      parts = [metrics for _, metrics in self.batches(keep, per_doc=per_doc, progress=bar.update)]
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
   def scored_requests(self, docs: Sequence[int] | None = None) -> list[ScoringRequest]:
     """One request per document (all, or those indexed by `docs`) whose log-probability is the task's
@@ -212,9 +203,9 @@ class Evaluator:
     multiple-choice task (the choices compete; their sum does not)."""
     if self.task.output_type != "loglikelihood":
       raise UserError(f"a differentiable score needs a scored (loglikelihood) task; {self.name} is a generation "
-                      "task: use cs_stratified, two_stage or one_shot_greedy")
+                      "task")
     chosen = self.docs if docs is None else [self.docs[int(i)] for i in docs]
-    requests = _requests(self.engine, self.task, chosen, None)
+    requests = self.requests(chosen)
     return [requests[int(i)] for i in self.task.scored_request_index(chosen)]
 
   def first_order_change(self) -> np.ndarray:

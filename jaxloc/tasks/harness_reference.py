@@ -19,6 +19,7 @@ import numpy as np
 from jaxloc.errors import UserError
 from jaxloc.heads import head_name, keep_mask, parse_heads
 from jaxloc.tasks.base import Doc
+from jaxloc.tasks.evaluation import Evaluator
 from jaxloc.tasks.harness import HarnessTask, include_path, load_name, metric_key, task_manager
 
 # lm-eval's result keys that are not metrics.
@@ -69,8 +70,7 @@ def compare(engine, hf_model, tokenizer, task: HarnessTask, docs: Sequence[Doc],
   head_sets = [[], parse_heads(heads, c.num_layers, c.num_heads)] if heads else [[]]
   masks = np.stack([keep_mask(h, c.num_layers, c.num_heads) for h in head_sets])
   # One evaluation gives both the task's metrics and the per-request responses compared below.
-  requests = task.requests(docs)
-  outputs = engine.generate(requests, masks) if task.output_type == "generate" else engine.score(requests, masks)
+  outputs = Evaluator(engine, task.name, task, list(docs)).joined_outputs(masks.astype(np.float32))
   ours = task.compute_metrics(docs, outputs)
   rows = []
   for m, ablated in enumerate(head_sets):

@@ -1,10 +1,11 @@
-"""evaluation.run / run_batches dispatch on output_type and return one value per mask."""
+"""Evaluator.run / batches dispatch on output_type and return one value per mask."""
 
 import numpy as np
 import pytest
 
 from jaxloc.engine.requests import GenerationRequest, ScoreOutputs, ScoringRequest
 from jaxloc.tasks import evaluation, registry
+from jaxloc.tasks.evaluation import Evaluator
 
 
 class FakeEngine:
@@ -17,6 +18,7 @@ class FakeEngine:
 
   def score_batches(self, requests, head_masks, head_fill=None):
     assert all(isinstance(r, ScoringRequest) for r in requests)
+    self.calls.append("score")
     self.fills.append(head_fill)
     kept = np.asarray(head_masks).reshape(len(head_masks), -1).sum(axis=1)
     for begin in range(0, len(kept), self.masks_per_batch):
@@ -27,7 +29,6 @@ class FakeEngine:
           np.ones(len(requests), int))
 
   def score(self, requests, head_masks, head_fill=None, progress=None):
-    self.calls.append("score")
     parts = list(self.score_batches(requests, head_masks, head_fill))
     if progress:
       progress(len(head_masks))
@@ -50,7 +51,7 @@ def test_loglikelihood_task_goes_through_score():
   engine, task = FakeEngine(), registry.get_task("counting")
   masks = np.ones((3, 2, 4))
   masks[1, 0, :] = 0
-  metrics = evaluation.run(engine, task, task.load_docs(num_samples=5), masks, fill="fill")
+  metrics = Evaluator(engine, "counting", task, task.load_docs(num_samples=5), "fill").run(masks)
   assert engine.calls == ["score"] and engine.fills == ["fill"]
   np.testing.assert_allclose(metrics["accuracy"], [1.0, 0.0, 1.0])
   np.testing.assert_allclose(metrics["logprob"], [8.0, 4.0, 8.0])
@@ -61,7 +62,7 @@ def test_generation_task_goes_through_generate():
   docs = [{"question": "q", "answer": "#### 8"}, {"question": "r", "answer": "#### 4"}]
   masks = np.ones((2, 2, 4))
   masks[1, 1, :] = 0
-  metrics = evaluation.run(engine, task, docs, masks)
+  metrics = Evaluator(engine, task.name, task, list(docs)).run(masks)
   assert engine.calls == ["generate"]
   np.testing.assert_allclose(metrics["exact_match_strict"], [0.5, 0.5])
 
@@ -71,10 +72,10 @@ def test_run_batches_follows_engine_batches_and_matches_run():
   docs = task.load_docs(num_samples=4)
   masks = np.ones((5, 2, 4))
   masks[3, :, :2] = 0
-  batches = list(evaluation.run_batches(engine, task, docs, masks))
+  batches = list(Evaluator(engine, task.name, task, list(docs)).batches(masks))
   assert [where for where, _ in batches] == [slice(0, 2), slice(2, 4), slice(4, 5)]
   joined = np.concatenate([metrics["logprob"] for _, metrics in batches])
-  np.testing.assert_allclose(joined, evaluation.run(FakeEngine(), task, docs, masks)["logprob"])
+  np.testing.assert_allclose(joined, Evaluator(FakeEngine(), task.name, task, list(docs)).run(masks)["logprob"])
 
 
 def test_run_batches_for_generation_covers_every_mask(monkeypatch):
@@ -83,7 +84,7 @@ def test_run_batches_for_generation_covers_every_mask(monkeypatch):
   docs = [{"question": "q", "answer": "#### 8"}]
   masks = np.ones((7, 2, 4))
   masks[6, 0] = 0
-  batches = list(evaluation.run_batches(engine, task, docs, masks))
+  batches = list(Evaluator(engine, task.name, task, list(docs)).batches(masks))
   assert [where for where, _ in batches] == [slice(0, 3), slice(3, 6), slice(6, 7)]
   assert batches[-1][1]["exact_match_strict"].tolist() == [0.0]
   assert batches[0][1]["exact_match_strict"].tolist() == [1.0, 1.0, 1.0]
@@ -105,7 +106,7 @@ def test_mean_ablation_uses_the_task_text():
 
 def test_masks_must_be_three_dimensional():
   with pytest.raises(ValueError, match=r"\[masks, layers, heads\]"):
-    evaluation.run(FakeEngine(), registry.get_task("counting"), [], np.ones((2, 4)))
+    list(Evaluator(FakeEngine(), "counting", registry.get_task("counting"), []).batches(np.ones((2, 4))))
 
 
 def test_per_document_metrics_average_to_the_task_metrics():
@@ -113,11 +114,11 @@ def test_per_document_metrics_average_to_the_task_metrics():
   docs = task.load_docs(num_samples=4)
   masks = np.ones((3, 2, 4))
   masks[1, :, :3] = 0
-  per_doc = evaluation.run(engine, task, docs, masks, per_doc=True)
+  per_doc = Evaluator(engine, task.name, task, list(docs)).run(masks, per_doc=True)
   assert per_doc["logprob"].shape == (3, 4)
-  for name, values in evaluation.run(FakeEngine(), task, docs, masks).items():
+  for name, values in Evaluator(FakeEngine(), task.name, task, list(docs)).run(masks).items():
     np.testing.assert_allclose(per_doc[name].mean(axis=1), values)
-  [(_, first), *_] = evaluation.run_batches(engine, task, docs, masks, per_doc=True)
+  [(_, first), *_] = Evaluator(engine, task.name, task, list(docs)).batches(masks, per_doc=True)
   assert first["accuracy"].shape == (2, 4)
 
 
