@@ -8,31 +8,7 @@ correlation and largest difference of the coefficients, the largest score differ
 measured, the baselines and the held-out drops. No model is loaded.
 """
 
-from absl import flags
-
-from jaxloc import cli, files
-from jaxloc.api import read_run
-from jaxloc.errors import UserError
-from jaxloc.report import agreement
-
-FLAGS = flags.FLAGS
-flags.DEFINE_list("runs", None, "Two run directories (experiments.localize --output_dir).", required=True)
-flags.DEFINE_string("output_json", None, "Where to write the comparison (optional).")
-
-
-def main(argv):
-  del argv
-  if len(FLAGS.runs) != 2:
-    raise UserError(f"--runs needs two run directories, got {len(FLAGS.runs)}")
-  runs = [read_run(directory) for directory in FLAGS.runs]
-  keys = [(r.info["model"], r.info["task"], r.info["metric"]) for r in runs]
-  if keys[0] != keys[1]:
-    raise UserError(f"the runs answer different questions (model, task, metric): {keys[0]} and {keys[1]}")
-  result = agreement.agreement(*runs)
-  print(agreement.markdown(result))
-  if FLAGS.output_json:
-    files.write_json(FLAGS.output_json, result)
-
+from jaxloc.main.compare_runs import console
 
 if __name__ == "__main__":
-  cli.run(main)
+  console()

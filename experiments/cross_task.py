@@ -7,28 +7,7 @@ Reads each run's heads.json and ablation.json (held-out drops; no model is loade
 cross_task.json, cross_task.md (the matrix and the paper's Table 2 shape) and cross_task.png.
 """
 
-import os
-
-from absl import flags
-
-from jaxloc import cli, files
-from jaxloc.report import cross_task
-
-flags.DEFINE_list("runs", None, "Run directories of `experiments.localize`, one per target task.", required=True)
-flags.DEFINE_string("output_dir", None, "Where the table and the plot go.", required=True)
-FLAGS = flags.FLAGS
-
-
-def main(argv):
-  del argv
-  result = cross_task.cross_task(FLAGS.runs)
-  files.write_json(os.path.join(FLAGS.output_dir, "cross_task.json"), result)
-  table = cross_task.markdown(result)
-  files.write_text(os.path.join(FLAGS.output_dir, "cross_task.md"), table + "\n")
-  cross_task.plot(result, os.path.join(FLAGS.output_dir, "cross_task.png"))
-  print(table)
-  print(f"outputs in {FLAGS.output_dir}")
-
+from jaxloc.main.cross_task import console
 
 if __name__ == "__main__":
-  cli.run(main)
+  console()

@@ -86,7 +86,8 @@ def define_flags(settings_class, skip: tuple[str, ...] = (), choices: dict[str, 
     elif kind is float:
       flags.DEFINE_float(field.name, default, help_text, **bounds)
     elif kind in (list, dict):
-      shown = [f"{k}={v}" for k, v in default.items()] if kind is dict else [str(v) for v in default]
+      shown = (None if default is None else [f"{k}={v}" for k, v in default.items()] if kind is dict
+               else [str(v) for v in default])
       flags.DEFINE_list(field.name, shown, help_text)
     else:
       flags.DEFINE_string(field.name, default, help_text)
@@ -119,6 +120,16 @@ def _elements(name: str, values, element) -> list:
     return [element(v) for v in values]
   except ValueError:
     raise UserError(f"--{name}={','.join(values)} must be a list of {element.__name__}s") from None
+
+
+def console(config_class, main: Callable[[Any], None], *, model_flags: bool = False) -> None:
+  """A command (`python -m experiments.X`, the `jaxloc-*` console scripts): one flag per field of `config_class`
+  (`define_flags`), plus the model and engine flags when it loads a model, parsed into one config that `main`
+  gets; user errors end in one line and exit status 2 (`run`)."""
+  define_flags(config_class)
+  if model_flags:
+    define_model_flags()
+  run(lambda argv: main(settings_from_flags(config_class)))
 
 
 def engine_from_flags():

@@ -1,0 +1,64 @@
+"""Evaluate a task with a fixed set of heads or MLP neurons ablated (or, with --curve, each prefix of a ranking).
+
+    python -m experiments.evaluate --model=smollm2-135m --task=plurals --heads=L3H1,L10H4 \
+        --num_samples=100 --output_json=/tmp/plurals.json
+    python -m experiments.evaluate --model=smollm2-135m --task=plurals --neurons=L3N117,L20N5 --num_samples=100
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxloc import cli
+from jaxloc.errors import UserError
+from jaxloc.evaluate import evaluate_heads
+from jaxloc.files import write_json
+from jaxloc.localize.settings import setting
+from jaxloc.tasks.evaluation import load_task
+
+
+@dataclasses.dataclass
+class EvaluateConfig:
+  task: str = setting(None, "Registered task name, a custom .jsonl file, or an lm-evaluation-harness task as "
+                      "lm_eval:<task name or task .yaml>.", type=str, required=True)
+  task_options: dict = setting({}, "Task options as key=value (e.g. subtasks=2da,2ds for arithmetic).")
+  heads: list = setting([], "Heads to ablate, e.g. L15H13,L16H21 (none: the unablated model).")
+  neurons: list = setting([], "MLP neurons to ablate instead of heads, e.g. L3N117,L20N5 (the input of down_proj at "
+                          "that index is zeroed).")
+  ablation: str = setting("zero", "Zero the heads (neurons), or replace them by their mean output over the evaluated "
+                          "prompts.", choices=("zero", "mean"))
+  num_samples: int = setting(None, "Documents to evaluate (seeded subset); default all.", type=int, lower=1)
+  seed: int = setting(0, "Seed of the document subset.")
+  data_dir: str = setting(None, "Directory of offline dataset files (default $JAXLOC_DATA).", type=str)
+  output_json: str = setting(None, "Where to write the result.", type=str)
+  curve: bool = setting(False, "Treat --heads (--neurons) as a ranking: evaluate the unablated model and the top-1, "
+                        "top-2, …, all ablated, as one batch (the result gains 'curve').")
+  progress: bool = setting(True, "Show a progress bar.")
+
+
+def main(config: EvaluateConfig) -> dict:
+  if config.heads and config.neurons:
+    raise UserError("give --heads or --neurons, not both")
+  if config.curve and not (config.heads or config.neurons):
+    raise UserError("--curve evaluates the prefixes of a ranking: give the ranking with --heads or --neurons")
+  # an unknown task, a missing dataset or a malformed line is reported before the model loads
+  loaded = load_task(config.task, config.task_options, num_samples=config.num_samples, seed=config.seed,
+                     data_dir=config.data_dir)
+  engine = cli.engine_from_flags()
+  result = evaluate_heads(engine, config.task, heads=config.heads, ablation=config.ablation,
+                          num_samples=config.num_samples, seed=config.seed, data_dir=config.data_dir,
+                          task_options=config.task_options, progress=config.progress, curve=config.curve,
+                          loaded=loaded, neurons=config.neurons)
+  unit = "neurons" if config.neurons else "heads"
+  for row in result.get("curve", []):
+    print(f"{len(row[unit])} {unit} ablated: " + ", ".join(f"{name} {value:.4f}"
+                                                          for name, value in row["metrics"].items()))
+  for name, value in result["metrics"].items():
+    print(f"{name}: {value:.4f}")
+  if config.output_json:
+    write_json(config.output_json, result)
+  return result
+
+
+def console() -> None:
+  cli.console(EvaluateConfig, main, model_flags=True)
