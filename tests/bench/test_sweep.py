@@ -239,7 +239,7 @@ def test_synthetic_evaluator_is_a_fixed_function_of_the_mask():
 def test_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
   from jaxloc.engine.engine import Engine
   from jaxloc.tasks.evaluation import Evaluator, load_task
-  from tests.engine.tiny import make_tiny
+  from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
   task, docs = load_task("counting", num_samples=6, seed=0, data_dir=None)
@@ -264,7 +264,7 @@ def test_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
 def test_learned_mask_trains_once_per_seed_and_pays_its_training_in_evaluations(smollm2, tmp_path):
   from jaxloc.engine.engine import Engine
   from jaxloc.tasks.evaluation import Evaluator, load_task
-  from tests.engine.tiny import make_tiny
+  from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
   task, docs = load_task("counting", num_samples=6, seed=0, data_dir=None)
@@ -293,7 +293,7 @@ def test_benchmark_and_localize_give_the_same_ranking(smollm2, tmp_path, method,
   from jaxloc.engine.engine import Engine
   from jaxloc.localize.run import localize
   from jaxloc.tasks.evaluation import Evaluator, load_task
-  from tests.engine.tiny import make_tiny
+  from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
   cfg = sweep.EfficiencyConfig(output_dir=str(tmp_path / "bench"), headline_metric="logprob", top_k=5)
@@ -318,7 +318,7 @@ def test_every_method_is_also_judged_on_held_out_documents_and_general_tasks(smo
   from jaxloc.heads import parse_heads
   from jaxloc.report.efficiency import format_tables
   from jaxloc.tasks.evaluation import Evaluator, load_task_split
-  from tests.engine.tiny import make_tiny
+  from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
   cfg = sweep.EfficiencyConfig(output_dir=str(tmp_path), tasks=["counting"], num_samples=6, validation_samples=4,

@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent("""
     from jaxloc.engine.mesh import make_mesh
     from jaxloc.engine.requests import GenerationRequest, ScoringRequest
     from jaxloc.models.loading import load_model
-    from tests.engine.tiny import make_tiny
+    from tests.tiny import make_tiny
 
     assert len(jax.devices()) == 8, jax.devices()
     model = make_tiny(load_model("smollm2-135m").tokenizer)

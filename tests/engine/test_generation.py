@@ -50,8 +50,8 @@ def _first_stop_token(token_strings, ids, stops, tables=None):
   return None
 
 
-def test_stop_automaton_finds_stop_strings_across_token_boundaries(smollm2):
-  tok = smollm2.tokenizer
+def test_stop_automaton_finds_stop_strings_across_token_boundaries(tokenizer):
+  tok = tokenizer
   strings = [tok.decode([i], skip_special_tokens=True) for i in range(len(tok))]
   rng = np.random.default_rng(0)
   pieces = ["def f(x):", "\n", "    return x", ")\n", "#", " Test", "Question", ":", " 42", "[", "DONE", "]",

@@ -1,4 +1,4 @@
-"""A tiny random Llama saved as an HF directory with SmolLM2's tokenizer: CLI runs that compile in seconds."""
+"""CLI helpers: a small custom task and `run_cli` (the tiny model directory is the root conftest's)."""
 
 import json
 import os
@@ -8,25 +8,6 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory, smollm2):
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
-  torch.manual_seed(0)
-  tokenizer = smollm2.tokenizer
-  config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48,
-                                    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                                    tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id)
-  model = transformers.AutoModelForCausalLM.from_config(config)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.mul_(8.0)  # random heads must matter for the scores to vary
-  directory = tmp_path_factory.mktemp("tiny_llama")
-  model.save_pretrained(directory)
-  tokenizer.save_pretrained(directory)
-  return str(directory)
 
 
 @pytest.fixture()

@@ -52,7 +52,7 @@ def test_one_shot_greedy_breaks_accuracy_ties_by_the_other_metric():
 def test_localize_with_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
   from jaxloc.engine.engine import Engine
   from jaxloc.localize.run import LocalizeSettings, localize
-  from tests.engine.tiny import make_tiny
+  from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
   out = str(tmp_path / "run")

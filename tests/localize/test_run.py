@@ -15,7 +15,7 @@ FUNCTIONS = 2
 
 def test_a_whole_run_compiles_a_bounded_number_of_shapes(smollm2, tmp_path):
   from jaxloc.engine.engine import Engine
-  from tests.engine.tiny import make_tiny
+  from tests.tiny import make_tiny
 
   compilations = {}
   for num_masks, top_k in [(10, 2), (37, 5), (300, 5), (64, 7)]:
@@ -56,7 +56,7 @@ def test_selection_universal_heads_and_confidence_follow_their_stated_rules(smol
   the bound, every universal head's held-out single-head drops break enough tasks, and the frequencies are
   those of a top-k selection."""
   from jaxloc.engine.engine import Engine
-  from tests.engine.tiny import make_tiny
+  from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
   settings = LocalizeSettings(model="tiny", task="counting", output_dir=str(tmp_path), method="one_shot_greedy",
@@ -94,7 +94,7 @@ def test_a_learned_mask_run_trains_confirms_validates_and_reports_its_cost(smoll
   training again."""
   from jaxloc.engine.engine import Engine
   from jaxloc.localize.methods import learned_mask
-  from tests.engine.tiny import make_tiny
+  from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
   settings = LocalizeSettings(model="tiny", task="counting", output_dir=str(tmp_path), method="learned_mask",

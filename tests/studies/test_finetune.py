@@ -6,7 +6,7 @@ import numpy as np
 from jaxloc.engine.engine import Engine
 from jaxloc.studies import finetune
 from tests.engine.test_scoring import few_shot_requests
-from tests.engine.tiny import make_tiny
+from tests.tiny import make_tiny
 
 
 def test_only_the_neurons_parameters_move_and_the_loss_falls(smollm2):

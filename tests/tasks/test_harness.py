@@ -209,7 +209,7 @@ def test_metric_kinds_names_and_requests(task_files):
       f"Plural of {docs[0]['doc']['word']}:")
 
 
-def test_joint_encoding_is_lm_eval_hf_encoding(task_files, smollm2):
+def test_joint_encoding_is_lm_eval_hf_encoding(task_files, tokenizer):
   """Trailing context whitespace moves into the continuation and the pair is split after encoding the whole,
   as lm-eval's HF backend does; jaxloc's own convention encodes the two strings apart."""
   from lm_eval.models.huggingface import HFLM
@@ -217,7 +217,7 @@ def test_joint_encoding_is_lm_eval_hf_encoding(task_files, smollm2):
   from jaxloc.engine import scoring
   from jaxloc.engine.requests import ScoringRequest
 
-  tok = smollm2.tokenizer
+  tok = tokenizer
   lm = HFLM.__new__(HFLM)  # only the tokenizer methods: no model
   lm.tokenizer, lm.backend, lm.add_bos_token, lm.custom_prefix_token_id = tok, "causal", None, None
   pairs = [("The plural of mouse is ", "mice"), ("Question: 2+2?\nAnswer:", " 4"), ("", "Hello world"),
