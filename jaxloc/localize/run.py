@@ -31,7 +31,7 @@ from tqdm import tqdm
 from jaxloc import files
 from jaxloc.errors import UserError
 from jaxloc.heads import parse_units, run_file, singular, unit_name, units_per_layer
-from jaxloc.localize import confidence, designs, methods, specificity, validate
+from jaxloc.localize import aliasing, confidence, designs, methods, specificity, validate
 from jaxloc.localize.measurements import MeasurementStore
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.tasks.names import task_label
@@ -200,6 +200,10 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
     if "seconds_per_mask" in timing:
       timing["training_mask_evaluations"] = objective.seconds / timing["seconds_per_mask"]
 
+  design = _design(measuring[0].store.masks, excluded)
+  if design is not None and design.warning():
+    log.warning("%s", design.warning())
+
   t = time.perf_counter()
   ranking = plan.rank(measuring[0].store)
   general_rankings = [specificity.estimate(plan, m.store) for m in measuring[1:]]
@@ -228,12 +232,20 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
 
   payload = _heads_json(settings, per_layer, found, excluded, conf, measuring, confirming)
   payload.update(num_layers=c.num_layers, timing=timing,
+                 design=None if design is None else design.facts(lambda h: unit_name(*divmod(int(h), per_layer), unit)),
                  engine={"compilations": engine.compile_count - compiled_before,
                          "seconds_per_mask": timing.get("seconds_per_mask"), "dtype": np.dtype(engine.model.dtype).name,
                          "activation_dtype": np.dtype(engine.dtype).name,
                          "devices": engine.mesh.size, "processes": jax.process_count()})
   files.write_json(os.path.join(settings.output_dir, run_file(unit)), payload)
   return payload
+
+
+def _design(masks: np.ndarray, excluded: np.ndarray) -> aliasing.DesignDiagnostics | None:
+  """The diagnostics of the run's random design: the measured masks that ablate two or more units (a method's
+  single-unit measurements are no design); None when there are none."""
+  rows = masks.reshape(len(masks), -1).sum(axis=1) > 1
+  return aliasing.diagnose(masks[rows], excluded) if rows.any() else None
 
 
 def _open_stores(settings: LocalizeSettings, method, tasks: Tasks, identification: list[Evaluator], shape

@@ -61,6 +61,14 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
     if "sklearn_max_abs_diff" in solver:
       line += f", max |coef - sklearn| {solver['sklearn_max_abs_diff']:.2e}"
     lines.append(line)
+  design = heads.get("design") or {}
+  if design:
+    per_head = design["ablations_per_head"]
+    lines.append(f"design: {design['num_masks']} masks, each {one} ablated in {per_head['min']}–{per_head['max']} "
+                 f"(median {per_head['median']:g}); {len(design['identical_groups'])} groups always ablated together, "
+                 f"{len(design['collinear_pairs'])} nearly collinear pairs, rank {design['rank']}")
+    if design.get("warning"):
+      lines.append(f"warning: {design['warning']}")
   if heads.get("selection"):
     lines.append(f"selection: {heads['selection']}")
   by_name = {h["name"]: h for h in heads[unit]}
