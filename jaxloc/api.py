@@ -24,6 +24,7 @@ from jaxloc.errors import UserError
 from jaxloc.heads import run_file
 from jaxloc.localize.run import Tasks, load_tasks, localize
 from jaxloc.localize.settings import LocalizeSettings
+from jaxloc.report.page import write_page
 from jaxloc.report.plots import write_plots
 
 
@@ -113,4 +114,5 @@ def run_localization(engine, task: str | None = None, output_dir: str | None = N
     raise UserError("give the settings either as a LocalizeSettings object or as task, output_dir and keywords")
   localize(engine, settings, tasks or load_tasks(settings), progress=progress)
   write_plots(settings.output_dir)
+  write_page(settings.output_dir)
   return read_run(settings.output_dir)

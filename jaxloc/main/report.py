@@ -1,0 +1,34 @@
+"""Rebuild a finished run's report page (`report.html`; every run writes it) and, with --plots, its PNG plots.
+
+    python -m experiments.report --run_dir=runs/smollm2_default
+
+One self-contained HTML file beside the run's outputs: open it in a browser (no network, no server) to hover or
+click any head for its value, interval, selection frequency and drops, beside the held-out curves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxloc import cli
+from jaxloc.localize.settings import setting
+from jaxloc.report.page import write_page
+from jaxloc.report.plots import write_plots
+
+
+@dataclasses.dataclass
+class ReportConfig:
+  run_dir: str = setting(None, "A finished run (experiments.localize --output_dir).", type=str, required=True)
+  plots: bool = setting(False, "Also redraw the PNG plots (heatmap, ablation and specificity curves).")
+
+
+def main(config: ReportConfig) -> str:
+  path = write_page(config.run_dir)
+  for written in write_plots(config.run_dir) if config.plots else []:
+    print(written)
+  print(path)
+  return path
+
+
+def console() -> None:
+  cli.console(ReportConfig, main)

@@ -1,0 +1,81 @@
+"""The report page: self-contained, and in a real headless browser (chromium) it loads with no console error, shows
+the top units, and a click on a unit shows its numbers."""
+
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from jaxloc.errors import UserError
+from jaxloc.report.page import write_page
+from tests.experiments.conftest import ROOT
+
+
+@pytest.fixture
+def default_run(tmp_path):
+  run = tmp_path / "default_run"
+  shutil.copytree(os.path.join(ROOT, "docs", "default_run"), run)
+  return str(run)
+
+
+def test_the_page_is_one_self_contained_file(default_run):
+  page = open(write_page(default_run)).read()
+  assert not re.search(r"<(script|link|img)[^>]+(src|href)=", page)  # nothing to fetch
+  assert "fetch(" not in page and "XMLHttpRequest" not in page
+  assert '"top_k": ["L8H1", "L20H5"' in page.replace("\\/", "/")
+
+
+def test_a_directory_without_a_run_is_a_user_error(tmp_path):
+  with pytest.raises(UserError, match="no heads.json or neurons.json"):
+    write_page(str(tmp_path))
+
+
+def test_the_default_run_page_in_a_real_browser(default_run, tmp_path):
+  import json
+
+  from matplotlib.image import imread
+
+  from tests.report.browser import Browser
+
+  path = write_page(default_run)
+  heads = {h["name"]: h for h in json.load(open(os.path.join(default_run, "heads.json")))["heads"]}
+  browser = Browser()
+  try:
+    browser.open(path)
+    assert browser.evaluate("document.querySelectorAll('#heatmap rect.cell').length") == 270
+    assert browser.evaluate("document.getElementById('top-units').textContent").endswith(
+        "L8H1L20H5L12H8L12H5L17H5")
+    browser.click('#heatmap rect[data-unit="L20H5"]')
+    details = browser.evaluate("document.getElementById('details').innerText")
+    h = heads["L20H5"]
+    assert details.startswith("L20H5") and f"value {h['score']:.4f}" in details
+    assert f"selected in {100 * h['selection_frequency']:.1f}% of bootstrap resamples" in details
+    for task, drop in h["held_out_single_head_drop"].items():
+      assert re.search(rf"{task}\s.*{100 * drop:.1f}%", details), (task, details)
+    assert browser.evaluate("document.querySelectorAll('#specificity-curve polyline').length") >= 2
+    browser.screenshot(str(tmp_path / "report.png"))
+    image = imread(str(tmp_path / "report.png"))
+    assert image.shape[0] > 600 and image.shape[1] > 800
+    assert len(np.unique(image.reshape(-1, image.shape[-1])[::97], axis=0)) > 20  # a drawn page, not a blank one
+    assert browser.errors == []
+  finally:
+    browser.close()
+
+
+def test_a_neuron_run_page_in_a_real_browser(tmp_path):
+  from tests.report.browser import Browser
+
+  run = tmp_path / "neurons"
+  shutil.copytree(os.path.join(ROOT, "docs", "units", "smollm2_plurals_cnl"), run)
+  browser = Browser()
+  try:
+    browser.open(write_page(str(run)))
+    assert browser.evaluate("document.querySelectorAll('#layers rect.bar').length") == 30
+    second = browser.evaluate("document.querySelectorAll('tr.clickable')[1].dataset.unit")
+    browser.click(f'tr.clickable[data-unit="{second}"]')
+    assert browser.evaluate("document.getElementById('details').innerText").startswith(second)
+    assert browser.errors == []
+  finally:
+    browser.close()
