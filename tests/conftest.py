@@ -15,6 +15,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+# Fixtures that load a real model: every test that uses one is in the slow tier.
+REAL_MODEL_FIXTURES = ("smollm2", "smollm2_engine", "smollm2_torch", "qwen", "qwen_torch")
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if set(REAL_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ())):
+      item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch):
   """No test may reach the network, whatever it changed: the hub loader reads the local cache only, and no test
