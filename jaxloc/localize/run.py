@@ -31,7 +31,7 @@ from tqdm import tqdm
 from jaxloc import files
 from jaxloc.errors import UserError
 from jaxloc.heads import parse_units, run_file, singular, unit_name, units_per_layer
-from jaxloc.localize import aliasing, confidence, designs, methods, specificity, validate
+from jaxloc.localize import aliasing, confidence, confirm, designs, methods, specificity, validate
 from jaxloc.localize.measurements import MeasurementStore
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.tasks.names import task_label
@@ -147,6 +147,7 @@ class Found:
   universal: list[int]  # confirmed
   selected: list[int]  # max(curve_k, top_k) heads, in order
   alone: dict[int, np.ndarray]  # head -> relative drop per task ablated alone, on the confirming documents
+  confirmation: confirm.Confirmation | None = None  # --selection=specific: the selection measured alone
 
 
 def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, progress: bool = True
@@ -220,7 +221,7 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
   if settings.validate:
     confirming = validate.Scorer([e.on(td.held_out)
                                   for e, td in zip(identification, tasks.all)], metrics)
-  found = _find_heads(settings, ranking, general_rankings, measuring, excluded, confirming)
+  found = _find_heads(settings, ranking, general_rankings, measuring, excluded, confirming, in_sample, design)
   if settings.validate:
     _validate(settings, found, confirming, in_sample)
   timing["validate_seconds"] = time.perf_counter() - t
@@ -244,7 +245,7 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
 def _design(masks: np.ndarray, excluded: np.ndarray) -> aliasing.DesignDiagnostics | None:
   """The diagnostics of the run's random design: the measured masks that ablate two or more units (a method's
   single-unit measurements are no design); None when there are none."""
-  rows = masks.reshape(len(masks), -1).sum(axis=1) > 1
+  rows = masks.reshape(len(masks), int(np.prod(masks.shape[1:]))).sum(axis=1) > 1
   return aliasing.diagnose(masks[rows], excluded) if rows.any() else None
 
 
@@ -267,8 +268,10 @@ def _open_stores(settings: LocalizeSettings, method, tasks: Tasks, identificatio
 
 
 def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring: list[Measuring],
-                excluded: np.ndarray, confirming: validate.Scorer) -> Found:
-  """Estimated effects per task, universal heads (flagged, then confirmed alone) and the selection."""
+                excluded: np.ndarray, confirming: validate.Scorer, identification: validate.Scorer,
+                design: aliasing.DesignDiagnostics | None) -> Found:
+  """Estimated effects per task, universal heads (flagged, then confirmed alone) and the selection (with general
+  tasks and --selection=specific, confirmed by single-head measurements: `confirm`)."""
   effects = specificity.Effects(
       [m.evaluator.name for m in measuring],
       np.stack([specificity.relative_drops(r, m.store.baseline)
@@ -290,12 +293,32 @@ def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring
   universal = [h for h in candidates
                if specificity.breaks(alone[h], settings.universal_threshold, settings.universal_min_tasks)]
   selected = select(universal)
+  confirmation = None
+  if settings.selection == "specific" and len(measuring) > 1:
+    selected, confirmation = _confirm(settings, order, universal, measuring, identification, design, selected)
   missing = [h for h in selected[:settings.curve_k] if h not in alone]
   alone.update(zip(missing, validate.single_head_drops(missing, confirming)))
   if len(selected) < settings.top_k:
     log.warning("only %d %s qualify under --selection=%s (try --selection=raw or a larger "
                 "--specific_max_general_drop)", len(selected), settings.unit, settings.selection)
-  return Found(ranking, general_rankings, effects, order, candidates, universal, selected, alone)
+  return Found(ranking, general_rankings, effects, order, candidates, universal, selected, alone, confirmation)
+
+
+def _confirm(settings: LocalizeSettings, order: list[int], universal: list[int], measuring: list[Measuring],
+             identification: validate.Scorer, design: aliasing.DesignDiagnostics | None, estimated: list[int]
+             ) -> tuple[list[int], confirm.Confirmation]:
+  """The specific selection confirmed by measurement (`confirm`). A heads selection is confirmed whole; a neuron
+  selection of hundreds is confirmed at its head (--curve_k) and continues with the estimated selection."""
+  stores = [m.store for m in measuring]
+  known = confirm.measured_alone(stores[0].masks, [s.scores for s in stores], [s.baseline for s in stores])
+  count = max(settings.curve_k, settings.top_k) if settings.unit == "heads" else settings.curve_k
+  limit = settings.specific_max_general_drop
+  passes = lambda drops: bool(np.all(np.nan_to_num(drops[1:], nan=0.0) <= limit))  # noqa: E731
+  selected, confirmation = confirm.confirm([h for h in order if h not in set(universal)], count, passes, known,
+                                           identification, design.group_of if design else lambda h: [h],
+                                           settings.output_dir)
+  rest = [h for h in estimated if h not in set(selected) | set(confirmation.rejected)]
+  return (selected + rest)[:max(settings.curve_k, settings.top_k)], confirmation
 
 
 def _validate(settings: LocalizeSettings, found: Found, held_out: validate.Scorer, identification: validate.Scorer
@@ -365,8 +388,12 @@ def _heads_json(settings: LocalizeSettings, per_layer: int, found: Found, exclud
   target = measuring[0].store
   return {
       "model": settings.model, "task": settings.task, "method": settings.method, "metric": target.metric,
-      "unit": unit, f"num_{unit}": per_layer, "num_evaluations": len(target), "baseline": target.baseline,
+      "unit": unit, f"num_{unit}": per_layer,
+      "num_evaluations": len(target) + (len(found.confirmation.measured) if found.confirmation else 0),
+      "baseline": target.baseline,
       "num_docs": len(measuring[0].evaluator.docs), unit: units,
+      "confirmation": None if found.confirmation is None else found.confirmation.facts(
+          name, [task_label(m.evaluator.name) for m in measuring], settings.specific_max_general_drop),
       "top_k": [name(h) for h in found.selected[:settings.top_k]],
       "selection": specificity.selection_rule(settings.selection, settings.specific_max_general_drop),
       f"universal_{unit}": [name(h) for h in found.universal],

@@ -18,7 +18,8 @@ Universal heads (the paper filters them; the rule is stated in heads.json and th
 Selection (`--selection`), always without excluded and universal heads, in the target's ranking order:
   raw:      every head;
   specific: heads with an estimate on every general task whose largest estimated general drop is at most
-            `max_general_drop`.
+            `max_general_drop`. The runner then confirms these by measurement (`confirm`): the estimates only
+            propose candidates, and the bootstrap's re-selections use them.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def universal_rule(threshold: float, min_tasks: int) -> str:
 
 def selection_rule(selection: str, max_general_drop: float) -> str:
   if selection == "specific":
-    return (f"specific: the target's ranking, keeping units whose estimated relative drop on every general task "
-            f"is ≤ {100 * max_general_drop:.0f}%; excluded and universal units left out")
+    return (f"specific: the target's ranking, keeping units whose relative drop on every general task is "
+            f"≤ {100 * max_general_drop:.0f}% when each is ablated alone on the identification documents (measured, "
+            "not estimated); excluded and universal units left out")
   return "raw: the target's ranking; excluded and universal units left out"

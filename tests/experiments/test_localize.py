@@ -43,7 +43,7 @@ def test_run_writes_every_output(tiny_model_dir, capitals_jsonl, tmp_path):
   for key in ("model", "task", "method", "metric", "num_layers", "num_heads", "num_evaluations", "baseline",
               "heads", "top_k", "flags", "timing"):
     assert key in heads
-  assert heads["num_evaluations"] == 24 and len(heads["heads"]) == 3 * 4
+  assert heads["num_evaluations"] == 24 + (heads["confirmation"] or {"masks": 0})["masks"] and len(heads["heads"]) == 3 * 4
   assert {h["name"] for h in heads["heads"]} == {f"L{l}H{h}" for l in range(3) for h in range(4)}
   # A fixed alpha: as alpha -> 0 a stratified design (every mask ablates k heads) leaves the all-ones
   # direction unpenalized but flat, and coefficients stop being well defined at the 1e-4 level.
@@ -92,7 +92,7 @@ def test_resume_after_kill_loses_and_remeasures_nothing(tiny_model_dir, capitals
   resumed = run_cli("experiments.localize", *args)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   heads = json.loads(open(os.path.join(out, "heads.json")).read())
-  assert heads["num_evaluations"] == 400
+  assert heads["num_evaluations"] == 400 + (heads["confirmation"] or {"masks": 0})["masks"]
   assert heads["timing"]["measured_this_run"] == 400 - saved
   with np.load(os.path.join(out, "measurements.npz")) as data:
     expected = designs.make_design("stratified", 3, 4, num_masks=400, ablation_rate=0.1, seed=0)

@@ -27,7 +27,8 @@ def test_cnl_run_writes_neurons_json_and_reports_the_overlap(tiny_model_dir, cap
     assert os.path.exists(os.path.join(out, name)), name
   assert not os.path.exists(os.path.join(out, "heads.json"))
   info = json.loads(open(os.path.join(out, "neurons.json")).read())
-  assert info["unit"] == "neurons" and info["num_neurons"] == 48 and info["num_evaluations"] == 0
+  assert info["unit"] == "neurons" and info["num_neurons"] == 48
+  assert info["num_evaluations"] == (info["confirmation"] or {"masks": 0})["masks"]  # cnl measures no masks
   assert len(info["neurons"]) == NEURONS and {n["name"] for n in info["neurons"]} == {
       f"L{l}N{i}" for l in range(3) for i in range(48)}
   assert len(info["top_k"]) == 6 and all(n.startswith("L") and "N" in n for n in info["top_k"])
@@ -58,7 +59,7 @@ def test_gradient_confirm_over_neurons_and_evaluate_agree(tiny_model_dir, capita
                                                  "--num_masks=10", "--bootstrap=0"))
   assert proc.returncode == 0, proc.stderr[-3000:]
   info = json.loads(open(os.path.join(out, "neurons.json")).read())
-  assert info["num_evaluations"] == 10
+  assert info["num_evaluations"] == 10 + (info["confirmation"] or {"masks": 0})["masks"]
   with np.load(os.path.join(out, "measurements.npz")) as data:
     assert data["masks"].shape == (10, 3, 48) and (data["masks"].reshape(10, -1).sum(axis=1) == 1).all()
   ablation = json.loads(open(os.path.join(out, "ablation.json")).read())

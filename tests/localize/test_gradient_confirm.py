@@ -59,7 +59,7 @@ def test_localize_with_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
   settings = dict(model="tiny", task="counting", output_dir=out, method="gradient_confirm", num_masks=4,
                   num_samples=6, metric="logprob", validate=False)
   heads = localize(engine, LocalizeSettings(**settings), progress=False)
-  assert heads["num_evaluations"] == 4 and heads["method"] == "gradient_confirm"
+  assert heads["num_evaluations"] == 4 + (heads["confirmation"] or {"masks": 0})["masks"] and heads["method"] == "gradient_confirm"
   gradient_change = np.load(os.path.join(out, "gradient.npy"))
   expected = np.argsort(gradient_change, kind="stable")[:4]
   names = [f"L{h // 6}H{h % 6}" for h in expected]

@@ -63,6 +63,6 @@ def test_localize_with_iterative_greedy_on_a_tiny_model(smollm2, tmp_path):
                   num_samples=6, metric="logprob", validate=False)
   heads = localize(engine, LocalizeSettings(**settings), progress=False)
   n = heads["num_layers"] * heads["num_heads"]
-  assert heads["num_evaluations"] == n + (n - 1)
+  assert heads["num_evaluations"] == n + (n - 1) + (heads["confirmation"] or {"masks": 0})["masks"]
   again = localize(engine, LocalizeSettings(**settings), progress=False)
   assert again["timing"]["measured_this_run"] == 0 and again["top_k"] == heads["top_k"]

@@ -25,7 +25,7 @@ def test_a_whole_run_compiles_a_bounded_number_of_shapes(smollm2, tmp_path):
                                 metric="logprob", general_tasks=["plurals"], general_samples=6,
                                 universal_candidates=6)
     heads = localize(engine, settings, progress=False)
-    assert heads["num_evaluations"] == num_masks and heads["engine"]["seconds_per_mask"] > 0
+    assert heads["num_evaluations"] == num_masks + (heads["confirmation"] or {"masks": 0})["masks"] and heads["engine"]["seconds_per_mask"] > 0
     compilations[num_masks, top_k] = heads["engine"]["compilations"]
   tasks = 2
   assert 0 < max(compilations.values()) <= tasks * FUNCTIONS * MASK_SHAPES_PER_TASK, compilations
@@ -101,7 +101,7 @@ def test_a_learned_mask_run_trains_confirms_validates_and_reports_its_cost(smoll
                               num_masks=4, mask_steps=3, mask_batch_docs=4, num_samples=8, validation_samples=6,
                               metric="logprob", top_k=2, general_tasks=["plurals"], general_samples=6, bootstrap=10)
   heads = localize(engine, settings, progress=False)
-  assert heads["num_evaluations"] == 4 and heads["solver"]["configurations"] == 4
+  assert heads["num_evaluations"] == 4 + heads["confirmation"]["masks"] and heads["solver"]["configurations"] == 4
   assert heads["timing"]["training_seconds"] > 0 and heads["timing"]["training_mask_evaluations"] > 0
   assert (tmp_path / "learned_log_alpha.npy").exists() and (tmp_path / learned_mask.STATE_FILE).exists()
   again = localize(engine, settings, progress=False)

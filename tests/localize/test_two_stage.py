@@ -68,9 +68,9 @@ def test_localize_with_two_stage_on_a_tiny_model(smollm2, tmp_path):
   engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
   out = str(tmp_path / "run")
   settings = dict(model="tiny", task="counting", output_dir=out, method="two_stage", num_masks=10,
-                  ablation_rate=0.2, num_samples=6, metric="logprob", validate=False)
+                  ablation_rate=0.2, num_samples=6, metric="logprob", validate=False, selection="raw")
   heads = localize(engine, LocalizeSettings(**settings), progress=False)
-  assert heads["num_evaluations"] == 10 and heads["method"] == "two_stage"
+  assert heads["num_evaluations"] == 10 and heads["method"] == "two_stage"  # raw: nothing to confirm
   assert heads["solver"]["screen_masks"] == 5 and heads["solver"]["confirmed_heads"] == 5
   assert "lasso_alpha" in heads["solver"]["screen_solver"]
   with np.load(os.path.join(out, "measurements.npz")) as data:
