@@ -31,11 +31,12 @@ MAX_UNITS = 1000
 def page_data(output_dir: str) -> dict[str, Any]:
   """What the page shows, read from a run directory: the run file (heads.json or neurons.json), ablation.json when
   the run validated, and the coefficients [layers, units] when they were kept."""
-  if not os.path.isdir(output_dir):
-    raise UserError(f"run directory not found: {output_dir}")
+  # Read as process 0 sees them (a multi-process run's other processes hold no files).
   info = files.read_json(os.path.join(output_dir, run_file("heads")))
   if info is None:
     info = files.read_json(os.path.join(output_dir, run_file("neurons")))
+  if info is None and not os.path.isdir(output_dir):
+    raise UserError(f"run directory not found: {output_dir}")
   if info is None:
     raise UserError(f"{output_dir} holds no heads.json or neurons.json: not a finished localization run "
                     "(experiments.localize --output_dir)")
