@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 
-from jaxloc.tasks import sandbox
+from jaxloc import sandbox
+from jaxloc.sandbox import runner
 
 # Short limits keep each hostile test to a few seconds.
 SHORT = sandbox.Limits(timeout_s=3.0, cpu_s=2.0, memory_bytes=512 << 20, max_processes=8)
@@ -69,7 +70,7 @@ def test_fork_bomb_is_contained_and_cleaned_up():
       """)
   assert not result.passed
   if sandbox.isolation_mode() in ("namespaces", "namespaces_host_visible", "uid_only"):
-    assert all(not sandbox._pids_of_uid(uid) for uid in sandbox.UID_POOL)
+    assert all(not runner._pids_of_uid(uid) for uid in sandbox.UID_POOL)
   assert_harness_alive()
 
 
@@ -260,7 +261,7 @@ def test_checkout_cache_and_other_processes_are_invisible(tmp_path):
         except OSError:
           pass
       """)
-  assert processes.passed and "pytest" not in processes.stdout and "_sandbox_child" in processes.stdout
+  assert processes.passed and "pytest" not in processes.stdout and "sandbox/_child.py" in processes.stdout
   assert len(processes.stdout.splitlines()) <= 6 and "JAXLOC" not in processes.stdout
 
 
@@ -383,7 +384,7 @@ def test_an_interpreter_in_a_virtual_environment_under_tmp_is_in_the_view(tmp_pa
   venv = tmp_path / "venv"
   subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  probe = ("from jaxloc.tasks import sandbox; "
+  probe = ("from jaxloc import sandbox; "
            "r = sandbox.run_program('import subprocess, sys; "
            "print(subprocess.run([sys.executable, \"-c\", \"print(6 * 7)\"], capture_output=True, text=True).stdout)'); "
            "print(r.status, r.stdout.strip(), r.stderr[-300:])")

@@ -1,10 +1,10 @@
-"""The process that jaxloc.tasks.sandbox starts for one untrusted program.
+"""The process that jaxloc.sandbox (runner.py) starts for one untrusted program.
 
-Run as `python -I _sandbox_child.py CONFIG_JSON`; standard library only, because it runs in a
+Run as `python -I _child.py CONFIG_JSON`; standard library only, because it runs in a
 scrubbed environment where jaxloc need not be importable. It sets up isolation and then runs the
 program in-process with `runpy`, so no second interpreter start is paid.
 
-Process tree in the namespace modes (sandbox.py describes all modes and their fallbacks):
+Process tree in the namespace modes (the package docstring describes all modes and their fallbacks):
 
     launcher (this file; new session, new net + mount namespaces, unshares a pid namespace)
       └─ init (pid 1 of the new pid namespace; mounts a fresh /proc; reaps; runs no user code)

@@ -1,49 +1,11 @@
-"""Run untrusted generated programs (mbpp / humaneval pass@1) without letting them hurt the run.
-
-Each program runs in its own subprocess (`_sandbox_child.py`) with:
-- a wall-clock timeout, after which the whole process group is SIGKILLed (the harness never waits
-  longer than `timeout_s` plus cleanup, whatever the program does);
-- rlimits set in the child: CPU seconds, address space, file size, process count (RLIMIT_NPROC),
-  open files, no core dumps;
-- a scrubbed environment (PATH, HOME, TMPDIR, LANG only) and `python -I` (no PYTHON* variables,
-  no user site, no script directory on sys.path);
-- its own working directory;
-- and, where the OS allows, namespaces. The mode is probed once per process (`isolation_mode()`),
-  strongest first:
-
-  - `namespaces` (root, unshare() allowed: here and in CI): own network namespace with only a
-    down loopback; own pid namespace with a fresh /proc (no other process visible; when its init
-    dies every process in it dies, even after setsid()); own mount namespace whose root is a *file
-    view* built for the program: read-only bind mounts of the interpreter's prefix, /usr and the
-    /lib links, /etc/ld.so.cache and /dev/null-style devices, a size-limited private /tmp holding
-    its working directory, and nothing else of the host (no home directory, no /etc/shadow, no
-    checkout, no jaxloc cache). The program runs as an unprivileged uid with no capability and
-    no_new_privs.
-  - `user_namespace` (non-root with unprivileged user namespaces): the same namespaces and file
-    view; the program keeps the caller's uid (mapped to root inside its namespace, with no
-    capability outside it).
-  - `namespaces_host_visible`, `user_namespace_host_visible`: the fallbacks where a file view
-    cannot be built (pivot_root or bind mounts refused): the host's mounts stay visible but are
-    remounted read-only, /tmp, /var/tmp, /dev/shm and /run/lock get private tmpfs; as root the
-    program keeps CAP_DAC_READ_SEARCH to reach the interpreter, so it can *read* every host file.
-  - `uid_only` (root, but unshare() refused, e.g. Docker's default seccomp profile): the
-    unprivileged uid and capability drop; the network is blocked only at the Python level;
-    world-writable directories stay writable; after the run every process of the uid is killed.
-  - `none` (non-root, no user namespaces): rlimits, the scrubbed environment, the Python-level
-    network block and a process-group kill only. Files the caller can write are NOT protected,
-    and a program that calls setsid() can outlive its timeout.
-
-  The Python-level block replaces `socket.socket` and friends before the program runs; code that
-  goes through ctypes gets around it. `isolation_mode()` logs a warning for every mode weaker than
-  the first two.
+"""The harness side of the sandbox: writes a program and its config, starts `_child.py` in a new session,
+enforces the wall-clock timeout, cleans up, and probes the strongest isolation mode (the package docstring
+describes the modes and what each protects).
 
 In the modes that switch uid each concurrent program gets its own unprivileged uid from a pool
 (`UID_POOL`), so RLIMIT_NPROC (which counts per uid) bounds each program separately. Only the last
 `_OUTPUT_TAIL_CHARS` of a program's stdout and stderr are kept (RLIMIT_FSIZE bounds what it can
 write to them at all).
-
-A program passes when it exits with status 0 in time. The harness never raises for anything a
-program does; failures to start come back as status "sandbox_error".
 """
 
 from __future__ import annotations
@@ -75,8 +37,8 @@ MODES: dict[str, tuple[str, bool]] = {
 STRONG_MODES = ("namespaces", "user_namespace")
 Status = Literal["passed", "failed", "timeout", "sandbox_error"]
 
-_CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_child.py")
-_SETUP_FAILED = 111  # _sandbox_child.SETUP_FAILED
+_CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
+_SETUP_FAILED = 111  # _child.SETUP_FAILED
 _OUTPUT_TAIL_CHARS = 4000
 # Unprivileged uids for programs, one per concurrent slot; no files on the host belong to them.
 # Each jaxloc process takes its own block of 64 (1 in 256 chance that two processes share one),
@@ -269,13 +231,13 @@ def isolation_mode() -> Mode:
     result = _run_in_mode("print('ok')", probe_limits, mode)
     if result.passed and result.stdout.strip() == "ok":
       if mode not in STRONG_MODES:
-        log.warning("sandbox: running generated code in the weaker mode %r (%s; see jaxloc/tasks/sandbox.py)",
+        log.warning("sandbox: running generated code in the weaker mode %r (%s; see the jaxloc.sandbox docstring)",
                     mode, "host files readable" if mode.endswith("host_visible")
                     else "network blocked only at the Python level")
       return mode
     log.info("sandbox: mode %r unavailable: %s", mode, result.stderr.strip()[-500:])
   log.warning("sandbox: no isolation available; generated code runs as the current user with "
-              "rlimits and a Python-level network block only (see jaxloc/tasks/sandbox.py)")
+              "rlimits and a Python-level network block only (see the jaxloc.sandbox docstring)")
   return "none"
 
 
