@@ -37,9 +37,10 @@ def main(config: BenchmarkSandboxConfig) -> dict:
   if unknown:
     raise UserError(f"unknown --modes {unknown}; valid: {', '.join(sandbox.MODES)}")
   rows = sandbox_overhead.measure(config.modes, config.programs)
-  print(f"isolation mode probed on this machine: {sandbox.isolation_mode()}")
+  probed = sandbox.isolation()
+  print(f"isolation mode probed on this machine: {probed.description}")
   print(sandbox_overhead.format_table(rows))
-  result = {"isolation_mode": sandbox.isolation_mode(), "rows": rows}
+  result = {"isolation_mode": probed.mode, "isolation": probed.description, "rows": rows}
   if config.output_json:
     write_json(config.output_json, result)
   return result

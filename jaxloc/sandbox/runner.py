@@ -35,6 +35,17 @@ MODES: dict[str, tuple[str, bool]] = {
     "namespaces_host_visible": ("namespaces", False), "user_namespace_host_visible": ("user_namespace", False),
     "uid_only": ("uid_only", False), "none": ("none", False)}
 STRONG_MODES = ("namespaces", "user_namespace")
+# What the namespace modes must give a program of its own; a cgroup namespace where the kernel allows.
+REQUIRED_NAMESPACES = ("mnt", "pid", "net", "ipc", "uts")
+NAMESPACE_KINDS = REQUIRED_NAMESPACES + ("cgroup", "user")
+HOSTNAME = "jaxloc-sandbox"  # the programs' hostname, in their own UTS namespace
+# Prints the program's namespaces, one "kind link" per line (the link names the namespace's inode).
+_NAMESPACE_PROBE = ("import os\n"
+                    f"for kind in {NAMESPACE_KINDS!r}:\n"
+                    "  try:\n"
+                    "    print(kind, os.readlink(f'/proc/self/ns/{kind}'))\n"
+                    "  except OSError:\n"
+                    "    print(kind, '-')\n")
 Status = Literal["passed", "failed", "timeout", "sandbox_error"]
 
 _CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
@@ -165,6 +176,7 @@ def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
         "file_view": file_view,
         "workdir": workdir,
         "run_uid": run_uid,
+        "hostname": HOSTNAME,
         "block_sockets": isolation in ("uid_only", "none"),
         "limits": {
             "cpu_s": limits.timeout_s if limits.cpu_s is None else limits.cpu_s,
@@ -221,24 +233,81 @@ def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+  """A mode as probed on this machine: the namespaces its programs got of their own (compared with the
+  harness's), and a one-line description of what it protects and what stays shared with the host."""
+
+  mode: Mode
+  own_namespaces: tuple[str, ...]
+  description: str
+
+
+def _host_namespaces() -> dict[str, str]:
+  links = {}
+  for kind in NAMESPACE_KINDS:
+    try:
+      links[kind] = os.readlink(f"/proc/self/ns/{kind}")
+    except OSError:  # a kernel without this kind of namespace
+      pass
+  return links
+
+
+def _describe(mode: Mode, own: Sequence[str]) -> str:
+  """What a mode with these namespaces of its own protects, and what it leaves shared with the host."""
+  isolation, file_view = MODES[mode]
+  if isolation in ("uid_only", "none"):
+    user = "an unprivileged uid" if isolation == "uid_only" else "the caller's uid"
+    return (f"{mode}: no namespaces; runs as {user}; the host's SysV IPC (shared memory, message queues, "
+            "semaphores) and POSIX message queues stay reachable (what their permissions open to that uid, and "
+            "what it creates stays after it), as do the host's hostname and cgroup paths; network blocked only "
+            "at the Python level")
+  parts = [f"{mode}: own {', '.join(kind for kind in NAMESPACE_KINDS if kind in own)} namespaces",
+           "a file view" if file_view else "host files readable (mounts read-only)"]
+  if "cgroup" not in own:
+    parts.append("no cgroup namespace (" + ("not in this kernel" if "cgroup" not in _host_namespaces()
+                                            else "refused here") + "): the host's cgroup paths show in /proc")
+  return "; ".join(parts)
+
+
+def probe(mode: Mode) -> Isolation | None:
+  """Runs one program in `mode`; its Isolation, or None where the mode does not work on this machine (or a
+  namespace mode leaves one of REQUIRED_NAMESPACES shared with the host)."""
+  result = _run_in_mode(_NAMESPACE_PROBE, Limits(timeout_s=20.0), mode)
+  seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+  if not result.passed or set(seen) != set(NAMESPACE_KINDS):
+    log.info("sandbox: mode %r unavailable: %s", mode, result.stderr.strip()[-500:])
+    return None
+  host = _host_namespaces()
+  own = tuple(kind for kind in NAMESPACE_KINDS if kind in host and seen[kind] not in ("-", host[kind]))
+  missing = [kind for kind in REQUIRED_NAMESPACES if kind not in own]
+  if MODES[mode][0] not in ("uid_only", "none") and missing:
+    log.info("sandbox: mode %r unavailable: its programs share the host's %s namespaces", mode, ", ".join(missing))
+    return None
+  return Isolation(mode, own, _describe(mode, own))
+
+
 @functools.cache
-def isolation_mode() -> Mode:
-  """The strongest mode that works on this machine, probed once per process."""
+def isolation() -> Isolation:
+  """The strongest mode that works on this machine, probed once per process, with what it protects."""
   candidates: list[Mode] = (["namespaces", "namespaces_host_visible", "uid_only"] if os.geteuid() == 0
                             else ["user_namespace", "user_namespace_host_visible"])
-  probe_limits = Limits(timeout_s=20.0)
   for mode in candidates:
-    result = _run_in_mode("print('ok')", probe_limits, mode)
-    if result.passed and result.stdout.strip() == "ok":
+    probed = probe(mode)
+    if probed is not None:
       if mode not in STRONG_MODES:
-        log.warning("sandbox: running generated code in the weaker mode %r (%s; see the jaxloc.sandbox docstring)",
-                    mode, "host files readable" if mode.endswith("host_visible")
-                    else "network blocked only at the Python level")
-      return mode
-    log.info("sandbox: mode %r unavailable: %s", mode, result.stderr.strip()[-500:])
-  log.warning("sandbox: no isolation available; generated code runs as the current user with "
-              "rlimits and a Python-level network block only (see the jaxloc.sandbox docstring)")
-  return "none"
+        log.warning("sandbox: running generated code in the weaker mode (%s; see the jaxloc.sandbox docstring)",
+                    probed.description)
+      else:
+        log.info("sandbox: %s", probed.description)
+      return probed
+  log.warning("sandbox: no isolation available (%s; see the jaxloc.sandbox docstring)", _describe("none", ()))
+  return Isolation("none", (), _describe("none", ()))
+
+
+def isolation_mode() -> Mode:
+  """The strongest mode that works on this machine (`isolation().mode`)."""
+  return isolation().mode
 
 
 def run_program(source: str, limits: Limits = Limits(), *, mode: Mode | None = None

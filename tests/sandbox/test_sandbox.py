@@ -292,6 +292,28 @@ def test_the_view_is_read_only_except_its_own_directory():
   assert not os.path.exists("/usr/jaxloc-pwned") and not os.path.exists("/jaxloc-pwned")
 
 
+def test_user_namespace_mode_builds_the_same_file_view():
+  """The mode for non-root users (root can enter it too): its init mounts /proc before detaching the host's root,
+  which a user namespace requires."""
+  if sandbox.probe("user_namespace") is None:
+    pytest.skip("no user namespaces on this machine")
+  result = sandbox.run_program(textwrap.dedent("""
+      import os, subprocess, sys
+      for path in ("/etc/shadow", "/etc/passwd", "/usr/jaxloc-pwned", os.__file__):
+        try:
+          open(path, "a").write("x")
+        except OSError:
+          print("blocked")
+      print(subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout.strip())
+      print(len([pid for pid in os.listdir("/proc") if pid.isdigit()]), sorted(os.listdir("/")))
+      """), SHORT, mode="user_namespace")
+  assert result.passed, result.stderr
+  lines = result.stdout.splitlines()
+  assert lines[:5] == ["blocked"] * 4 + ["42"]
+  processes, root = lines[5].split(" ", 1)
+  assert int(processes) <= 3 and "home" not in root and "work" not in root
+
+
 @needs_isolation
 def test_socket_through_ctypes_is_refused(listener):
   server, port = listener
@@ -373,6 +395,21 @@ def test_sandbox_overhead_benchmark_measures_each_mode():
   assert [r["mode"] for r in rows] == [sandbox.isolation_mode(), "none"]
   assert all(r["available"] and r["passed"] == 6 and r["median_ms"] > 0 for r in rows)
   assert "| none |" in sandbox_overhead.format_table(rows)
+
+
+def test_sandbox_benchmark_command_checks_its_modes_and_writes_its_figures(tmp_path):
+  import json
+
+  from jaxloc.errors import UserError
+  from jaxloc.main import benchmark_sandbox
+
+  with pytest.raises(UserError, match="bogus"):
+    benchmark_sandbox.main(benchmark_sandbox.BenchmarkSandboxConfig(modes=["none", "bogus"]))
+  output = tmp_path / "sandbox.json"
+  benchmark_sandbox.main(benchmark_sandbox.BenchmarkSandboxConfig(programs=3, modes=["none"], output_json=str(output)))
+  written = json.loads(output.read_text())
+  assert written["isolation_mode"] == sandbox.isolation_mode() and written["isolation"] == sandbox.isolation().description
+  assert [(r["mode"], r["programs"], r["passed"]) for r in written["rows"]] == [("none", 3, 3)]
 
 
 @needs_file_view
