@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import queue
+import select
 import shutil
 import signal
 import subprocess
@@ -161,6 +162,30 @@ def _wait_group_gone(pgid: int, deadline_s: float = 5.0) -> None:
   log.warning("sandbox: process group %d survived %.0f s after SIGKILL", pgid, deadline_s)
 
 
+def _wait(process: subprocess.Popen, timeout_s: float) -> int | None:
+  """The process's exit status, or None if it is still running after `timeout_s`.
+
+  Waits on a pidfd, which wakes the moment the process exits. `Popen.wait(timeout)` polls instead, with
+  sleeps growing to 50 ms, which rounded every program's time up to its next poll (63.5, 113.5, 163.5 ms
+  after the start): a program 1 ms over a poll cost 50 ms more.
+  """
+  try:
+    pidfd = os.pidfd_open(process.pid)
+  except (AttributeError, OSError):  # Python < 3.9 or Linux < 5.3
+    try:
+      return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+      return None
+  try:
+    exited = select.poll()
+    exited.register(pidfd, select.POLLIN)
+    if not exited.poll(timeout_s * 1000):
+      return None
+  finally:
+    os.close(pidfd)
+  return process.wait()
+
+
 def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
   start = time.monotonic()
   isolation, file_view = MODES[mode]
@@ -206,11 +231,11 @@ def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
         return ProgramResult("sandbox_error", None, "", f"could not start: {error}",
                              time.monotonic() - start)
       try:
-        returncode = process.wait(timeout=limits.timeout_s)
-      except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(process.pid)
-        returncode = process.wait()
+        returncode = _wait(process, limits.timeout_s)
+        if returncode is None:
+          timed_out = True
+          _kill_group(process.pid)
+          returncode = process.wait()
       finally:
         # Children that outlived the program (in the weaker modes) go with its group; this also
         # runs when the wait itself is interrupted (KeyboardInterrupt), so nothing is left behind.

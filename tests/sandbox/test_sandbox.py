@@ -97,6 +97,24 @@ def test_escaped_session_is_killed_with_the_sandbox():
   assert not survivors
 
 
+def test_the_harness_notices_an_exit_at_once():
+  """Popen.wait(timeout) polls with sleeps growing to 50 ms, so a 70 ms process was noticed at 113.5 ms."""
+  import subprocess
+
+  seconds = []
+  for _ in range(3):
+    process = subprocess.Popen(["sleep", "0.07"])
+    start = time.monotonic()
+    assert runner._wait(process, 5.0) == 0
+    seconds.append(time.monotonic() - start)
+  assert min(seconds) < 0.1, seconds
+  process = subprocess.Popen(["sleep", "10"])
+  start = time.monotonic()
+  assert runner._wait(process, 0.2) is None and time.monotonic() - start < 1.0
+  process.kill()
+  process.wait()
+
+
 def test_huge_allocation_fails_with_memory_error():
   result = run("block = bytearray(4 << 30)")
   assert result.status == "failed" and "MemoryError" in result.stderr
