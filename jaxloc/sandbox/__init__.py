@@ -32,8 +32,8 @@ Each program runs in its own subprocess (`_child.py`, started by `runner.py`) wi
     The program runs as an unprivileged uid with no capability and no_new_privs.
   - `user_namespace` (non-root with unprivileged user namespaces): the same namespaces and file
     view inside a user namespace; the program keeps the caller's uid (mapped to root inside its
-    namespace, with no capability outside it). Kernels before 5.19 do not let a user namespace set
-    the IPC limits; there the program's namespace keeps the kernel's defaults.
+    namespace, with no capability outside it). Where the kernel does not let a user namespace set
+    its IPC limits (older kernels), the program's namespace keeps the kernel's defaults.
   - `namespaces_host_visible`, `user_namespace_host_visible`: the fallbacks where a file view
     cannot be built (pivot_root or bind mounts refused): the same namespaces, but the host's mounts
     stay visible, remounted read-only; /tmp, /var/tmp, /dev/shm and /run/lock get private tmpfs and

@@ -17,8 +17,8 @@ program's whole file system before forking init: a fresh tmpfs root holding read
 what the interpreter needs (its prefix, /usr and the /lib links, /etc/ld.so.cache, a few /dev nodes),
 the IPC namespace's own POSIX message queues at /dev/mqueue, a size-limited writable /tmp for the
 program's directory, and a mount point for the fresh /proc. Init mounts that /proc and only then
-pivots into the root and detaches the host's: in a user namespace the kernel allows a new proc mount
-only while a proc mount it would not reveal more than is still attached. Nothing else of the host
+pivots into the root and detaches the host's: in a user namespace the kernel mounts a new proc only
+while the mount namespace still holds a fully visible one (the host's). Nothing else of the host
 exists there: no home directories, no /etc/shadow, no checkout, no cache, no other process. The
 program then needs no capability at all. Without a file view (the fallback) the host's mounts stay
 visible, read-only, with private tmpfs on the world-writable directories and the namespace's own
@@ -195,7 +195,7 @@ def _bound_ipc(memory_bytes, required):
   memory is practically unbounded: segments would keep memory outside RLIMIT_AS until the program dies.
 
   Writes /proc/sys/kernel, whose IPC entries are those of the writer's IPC namespace. `required` is
-  False in a user namespace, where kernels before 5.19 refuse the writes; the program then gets the
+  False in a user namespace, where older kernels refuse the writes; the program then gets the
   defaults, still within its own namespace and gone with it.
   """
   limits = {"shmmax": memory_bytes, "shmall": memory_bytes // os.sysconf("SC_PAGE_SIZE"),

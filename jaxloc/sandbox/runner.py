@@ -40,13 +40,6 @@ STRONG_MODES = ("namespaces", "user_namespace")
 REQUIRED_NAMESPACES = ("mnt", "pid", "net", "ipc", "uts")
 NAMESPACE_KINDS = REQUIRED_NAMESPACES + ("cgroup", "user")
 HOSTNAME = "jaxloc-sandbox"  # the programs' hostname, in their own UTS namespace
-# Prints the program's namespaces, one "kind link" per line (the link names the namespace's inode).
-_NAMESPACE_PROBE = ("import os\n"
-                    f"for kind in {NAMESPACE_KINDS!r}:\n"
-                    "  try:\n"
-                    "    print(kind, os.readlink(f'/proc/self/ns/{kind}'))\n"
-                    "  except OSError:\n"
-                    "    print(kind, '-')\n")
 Status = Literal["passed", "failed", "timeout", "sandbox_error"]
 
 _CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
@@ -188,8 +181,8 @@ def _wait(process: subprocess.Popen, timeout_s: float) -> int | None:
 
 def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
   start = time.monotonic()
-  isolation, file_view = MODES[mode]
-  switches_uid = isolation in ("namespaces", "uid_only")
+  child_mode, file_view = MODES[mode]
+  switches_uid = child_mode in ("namespaces", "uid_only")
   run_uid = _uid_pool.get() if switches_uid else None
   workdir = tempfile.mkdtemp(prefix="jaxloc-sandbox-")
   try:
@@ -197,12 +190,12 @@ def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
     with open(program_path, "w", encoding="utf-8") as program_file:
       program_file.write(source)
     config = {
-        "mode": isolation,
+        "mode": child_mode,
         "file_view": file_view,
         "workdir": workdir,
         "run_uid": run_uid,
         "hostname": HOSTNAME,
-        "block_sockets": isolation in ("uid_only", "none"),
+        "block_sockets": child_mode in ("uid_only", "none"),
         "limits": {
             "cpu_s": limits.timeout_s if limits.cpu_s is None else limits.cpu_s,
             "memory_bytes": int(limits.memory_bytes),
@@ -280,9 +273,9 @@ def _host_namespaces() -> dict[str, str]:
 
 def _describe(mode: Mode, own: Sequence[str]) -> str:
   """What a mode with these namespaces of its own protects, and what it leaves shared with the host."""
-  isolation, file_view = MODES[mode]
-  if isolation in ("uid_only", "none"):
-    user = "an unprivileged uid" if isolation == "uid_only" else "the caller's uid"
+  child_mode, file_view = MODES[mode]
+  if child_mode in ("uid_only", "none"):
+    user = "an unprivileged uid" if child_mode == "uid_only" else "the caller's uid"
     return (f"{mode}: no namespaces; runs as {user}; the host's SysV IPC (shared memory, message queues, "
             "semaphores) and POSIX message queues stay reachable (what their permissions open to that uid, and "
             "what it creates stays after it), as do the host's hostname and cgroup paths; network blocked only "
@@ -293,6 +286,15 @@ def _describe(mode: Mode, own: Sequence[str]) -> str:
     parts.append("no cgroup namespace (" + ("not in this kernel" if "cgroup" not in _host_namespaces()
                                             else "refused here") + "): the host's cgroup paths show in /proc")
   return "; ".join(parts)
+
+
+# Prints the program's namespaces, one "kind link" per line (the link names the namespace's inode).
+_NAMESPACE_PROBE = ("import os\n"
+                    f"for kind in {NAMESPACE_KINDS!r}:\n"
+                    "  try:\n"
+                    "    print(kind, os.readlink(f'/proc/self/ns/{kind}'))\n"
+                    "  except OSError:\n"
+                    "    print(kind, '-')\n")
 
 
 def probe(mode: Mode) -> Isolation | None:

@@ -426,7 +426,7 @@ def test_sandbox_benchmark_command_checks_its_modes_and_writes_its_figures(tmp_p
   output = tmp_path / "sandbox.json"
   benchmark_sandbox.main(benchmark_sandbox.BenchmarkSandboxConfig(programs=3, modes=["none"], output_json=str(output)))
   written = json.loads(output.read_text())
-  assert written["isolation_mode"] == sandbox.isolation_mode() and written["isolation"] == sandbox.isolation().description
+  assert (written["isolation_mode"], written["isolation"]) == (sandbox.isolation_mode(), sandbox.isolation().description)
   assert [(r["mode"], r["programs"], r["passed"]) for r in written["rows"]] == [("none", 3, 3)]
 
 
