@@ -18,7 +18,7 @@
   it after `add_generation_prompt=True`, which is the same text for templates that keep message
   whitespace (SmolLM2, Qwen2.5) and keeps a trailing newline that Llama-3's template would trim.
 
-Metric `pass@1`: fraction of problems whose program exits 0 in the sandbox (sandbox.py; default
+Metric `pass@1`: fraction of problems whose program exits 0 in the sandbox (jaxloc.sandbox; default
 10 s per program, option `timeout_s`). Programs are run for every mask at once, deduplicated.
 
 - `humaneval_solutions`: the code capability at the price of one forward pass per problem (no
@@ -39,9 +39,10 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxloc import sandbox
 from jaxloc.engine.requests import GenerationRequest
 from jaxloc.errors import UserError
-from jaxloc.tasks import data, sandbox
+from jaxloc.tasks import data
 from jaxloc.tasks.base import Doc, Task
 from jaxloc.tasks.chat import chat_prompt
 from jaxloc.tasks.loglikelihood import TargetTask

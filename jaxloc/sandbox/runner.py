@@ -1,49 +1,11 @@
-"""Run untrusted generated programs (mbpp / humaneval pass@1) without letting them hurt the run.
-
-Each program runs in its own subprocess (`_sandbox_child.py`) with:
-- a wall-clock timeout, after which the whole process group is SIGKILLed (the harness never waits
-  longer than `timeout_s` plus cleanup, whatever the program does);
-- rlimits set in the child: CPU seconds, address space, file size, process count (RLIMIT_NPROC),
-  open files, no core dumps;
-- a scrubbed environment (PATH, HOME, TMPDIR, LANG only) and `python -I` (no PYTHON* variables,
-  no user site, no script directory on sys.path);
-- its own working directory;
-- and, where the OS allows, namespaces. The mode is probed once per process (`isolation_mode()`),
-  strongest first:
-
-  - `namespaces` (root, unshare() allowed: here and in CI): own network namespace with only a
-    down loopback; own pid namespace with a fresh /proc (no other process visible; when its init
-    dies every process in it dies, even after setsid()); own mount namespace whose root is a *file
-    view* built for the program: read-only bind mounts of the interpreter's prefix, /usr and the
-    /lib links, /etc/ld.so.cache and /dev/null-style devices, a size-limited private /tmp holding
-    its working directory, and nothing else of the host (no home directory, no /etc/shadow, no
-    checkout, no jaxloc cache). The program runs as an unprivileged uid with no capability and
-    no_new_privs.
-  - `user_namespace` (non-root with unprivileged user namespaces): the same namespaces and file
-    view; the program keeps the caller's uid (mapped to root inside its namespace, with no
-    capability outside it).
-  - `namespaces_host_visible`, `user_namespace_host_visible`: the fallbacks where a file view
-    cannot be built (pivot_root or bind mounts refused): the host's mounts stay visible but are
-    remounted read-only, /tmp, /var/tmp, /dev/shm and /run/lock get private tmpfs; as root the
-    program keeps CAP_DAC_READ_SEARCH to reach the interpreter, so it can *read* every host file.
-  - `uid_only` (root, but unshare() refused, e.g. Docker's default seccomp profile): the
-    unprivileged uid and capability drop; the network is blocked only at the Python level;
-    world-writable directories stay writable; after the run every process of the uid is killed.
-  - `none` (non-root, no user namespaces): rlimits, the scrubbed environment, the Python-level
-    network block and a process-group kill only. Files the caller can write are NOT protected,
-    and a program that calls setsid() can outlive its timeout.
-
-  The Python-level block replaces `socket.socket` and friends before the program runs; code that
-  goes through ctypes gets around it. `isolation_mode()` logs a warning for every mode weaker than
-  the first two.
+"""The harness side of the sandbox: writes a program and its config, starts `_child.py` in a new session,
+enforces the wall-clock timeout, cleans up, and probes the strongest isolation mode (the package docstring
+describes the modes and what each protects).
 
 In the modes that switch uid each concurrent program gets its own unprivileged uid from a pool
 (`UID_POOL`), so RLIMIT_NPROC (which counts per uid) bounds each program separately. Only the last
 `_OUTPUT_TAIL_CHARS` of a program's stdout and stderr are kept (RLIMIT_FSIZE bounds what it can
 write to them at all).
-
-A program passes when it exits with status 0 in time. The harness never raises for anything a
-program does; failures to start come back as status "sandbox_error".
 """
 
 from __future__ import annotations
@@ -55,6 +17,7 @@ import json
 import logging
 import os
 import queue
+import select
 import shutil
 import signal
 import subprocess
@@ -73,10 +36,14 @@ MODES: dict[str, tuple[str, bool]] = {
     "namespaces_host_visible": ("namespaces", False), "user_namespace_host_visible": ("user_namespace", False),
     "uid_only": ("uid_only", False), "none": ("none", False)}
 STRONG_MODES = ("namespaces", "user_namespace")
+# What the namespace modes must give a program of its own; a cgroup namespace where the kernel allows.
+REQUIRED_NAMESPACES = ("mnt", "pid", "net", "ipc", "uts")
+NAMESPACE_KINDS = REQUIRED_NAMESPACES + ("cgroup", "user")
+HOSTNAME = "jaxloc-sandbox"  # the programs' hostname, in their own UTS namespace
 Status = Literal["passed", "failed", "timeout", "sandbox_error"]
 
-_CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_child.py")
-_SETUP_FAILED = 111  # _sandbox_child.SETUP_FAILED
+_CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child.py")
+_SETUP_FAILED = 111  # _child.SETUP_FAILED
 _OUTPUT_TAIL_CHARS = 4000
 # Unprivileged uids for programs, one per concurrent slot; no files on the host belong to them.
 # Each jaxloc process takes its own block of 64 (1 in 256 chance that two processes share one),
@@ -188,10 +155,34 @@ def _wait_group_gone(pgid: int, deadline_s: float = 5.0) -> None:
   log.warning("sandbox: process group %d survived %.0f s after SIGKILL", pgid, deadline_s)
 
 
+def _wait(process: subprocess.Popen, timeout_s: float) -> int | None:
+  """The process's exit status, or None if it is still running after `timeout_s`.
+
+  Waits on a pidfd, which wakes the moment the process exits. `Popen.wait(timeout)` polls instead, with
+  sleeps growing to 50 ms, which rounded every program's time up to its next poll (63.5, 113.5, 163.5 ms
+  after the start): a program 1 ms over a poll cost 50 ms more.
+  """
+  try:
+    pidfd = os.pidfd_open(process.pid)
+  except (AttributeError, OSError):  # Python < 3.9 or Linux < 5.3
+    try:
+      return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+      return None
+  try:
+    exited = select.poll()
+    exited.register(pidfd, select.POLLIN)
+    if not exited.poll(timeout_s * 1000):
+      return None
+  finally:
+    os.close(pidfd)
+  return process.wait()
+
+
 def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
   start = time.monotonic()
-  isolation, file_view = MODES[mode]
-  switches_uid = isolation in ("namespaces", "uid_only")
+  child_mode, file_view = MODES[mode]
+  switches_uid = child_mode in ("namespaces", "uid_only")
   run_uid = _uid_pool.get() if switches_uid else None
   workdir = tempfile.mkdtemp(prefix="jaxloc-sandbox-")
   try:
@@ -199,11 +190,12 @@ def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
     with open(program_path, "w", encoding="utf-8") as program_file:
       program_file.write(source)
     config = {
-        "mode": isolation,
+        "mode": child_mode,
         "file_view": file_view,
         "workdir": workdir,
         "run_uid": run_uid,
-        "block_sockets": isolation in ("uid_only", "none"),
+        "hostname": HOSTNAME,
+        "block_sockets": child_mode in ("uid_only", "none"),
         "limits": {
             "cpu_s": limits.timeout_s if limits.cpu_s is None else limits.cpu_s,
             "memory_bytes": int(limits.memory_bytes),
@@ -232,11 +224,11 @@ def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
         return ProgramResult("sandbox_error", None, "", f"could not start: {error}",
                              time.monotonic() - start)
       try:
-        returncode = process.wait(timeout=limits.timeout_s)
-      except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(process.pid)
-        returncode = process.wait()
+        returncode = _wait(process, limits.timeout_s)
+        if returncode is None:
+          timed_out = True
+          _kill_group(process.pid)
+          returncode = process.wait()
       finally:
         # Children that outlived the program (in the weaker modes) go with its group; this also
         # runs when the wait itself is interrupted (KeyboardInterrupt), so nothing is left behind.
@@ -259,24 +251,90 @@ def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+  """A mode as probed on this machine: the namespaces its programs got of their own (compared with the
+  harness's), and a one-line description of what it protects and what stays shared with the host."""
+
+  mode: Mode
+  own_namespaces: tuple[str, ...]
+  description: str
+
+
+def _host_namespaces() -> dict[str, str]:
+  links = {}
+  for kind in NAMESPACE_KINDS:
+    try:
+      links[kind] = os.readlink(f"/proc/self/ns/{kind}")
+    except OSError:  # a kernel without this kind of namespace
+      pass
+  return links
+
+
+def _describe(mode: Mode, own: Sequence[str]) -> str:
+  """What a mode with these namespaces of its own protects, and what it leaves shared with the host."""
+  child_mode, file_view = MODES[mode]
+  if child_mode in ("uid_only", "none"):
+    user = "an unprivileged uid" if child_mode == "uid_only" else "the caller's uid"
+    return (f"{mode}: no namespaces; runs as {user}; the host's SysV IPC (shared memory, message queues, "
+            "semaphores) and POSIX message queues stay reachable (what their permissions open to that uid, and "
+            "what it creates stays after it), as do the host's hostname and cgroup paths; network blocked only "
+            "at the Python level")
+  parts = [f"{mode}: own {', '.join(kind for kind in NAMESPACE_KINDS if kind in own)} namespaces",
+           "a file view" if file_view else "host files readable (mounts read-only)"]
+  if "cgroup" not in own:
+    parts.append("no cgroup namespace (" + ("not in this kernel" if "cgroup" not in _host_namespaces()
+                                            else "refused here") + "): the host's cgroup paths show in /proc")
+  return "; ".join(parts)
+
+
+# Prints the program's namespaces, one "kind link" per line (the link names the namespace's inode).
+_NAMESPACE_PROBE = ("import os\n"
+                    f"for kind in {NAMESPACE_KINDS!r}:\n"
+                    "  try:\n"
+                    "    print(kind, os.readlink(f'/proc/self/ns/{kind}'))\n"
+                    "  except OSError:\n"
+                    "    print(kind, '-')\n")
+
+
+def probe(mode: Mode) -> Isolation | None:
+  """Runs one program in `mode`; its Isolation, or None where the mode does not work on this machine (or a
+  namespace mode leaves one of REQUIRED_NAMESPACES shared with the host)."""
+  result = _run_in_mode(_NAMESPACE_PROBE, Limits(timeout_s=20.0), mode)
+  seen = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+  if not result.passed or set(seen) != set(NAMESPACE_KINDS):
+    log.info("sandbox: mode %r unavailable: %s", mode, result.stderr.strip()[-500:])
+    return None
+  host = _host_namespaces()
+  own = tuple(kind for kind in NAMESPACE_KINDS if kind in host and seen[kind] not in ("-", host[kind]))
+  missing = [kind for kind in REQUIRED_NAMESPACES if kind not in own]
+  if MODES[mode][0] not in ("uid_only", "none") and missing:
+    log.info("sandbox: mode %r unavailable: its programs share the host's %s namespaces", mode, ", ".join(missing))
+    return None
+  return Isolation(mode, own, _describe(mode, own))
+
+
 @functools.cache
-def isolation_mode() -> Mode:
-  """The strongest mode that works on this machine, probed once per process."""
+def isolation() -> Isolation:
+  """The strongest mode that works on this machine, probed once per process, with what it protects."""
   candidates: list[Mode] = (["namespaces", "namespaces_host_visible", "uid_only"] if os.geteuid() == 0
                             else ["user_namespace", "user_namespace_host_visible"])
-  probe_limits = Limits(timeout_s=20.0)
   for mode in candidates:
-    result = _run_in_mode("print('ok')", probe_limits, mode)
-    if result.passed and result.stdout.strip() == "ok":
+    probed = probe(mode)
+    if probed is not None:
       if mode not in STRONG_MODES:
-        log.warning("sandbox: running generated code in the weaker mode %r (%s; see jaxloc/tasks/sandbox.py)",
-                    mode, "host files readable" if mode.endswith("host_visible")
-                    else "network blocked only at the Python level")
-      return mode
-    log.info("sandbox: mode %r unavailable: %s", mode, result.stderr.strip()[-500:])
-  log.warning("sandbox: no isolation available; generated code runs as the current user with "
-              "rlimits and a Python-level network block only (see jaxloc/tasks/sandbox.py)")
-  return "none"
+        log.warning("sandbox: running generated code in the weaker mode (%s; see the jaxloc.sandbox docstring)",
+                    probed.description)
+      else:
+        log.info("sandbox: %s", probed.description)
+      return probed
+  log.warning("sandbox: no isolation available (%s; see the jaxloc.sandbox docstring)", _describe("none", ()))
+  return Isolation("none", (), _describe("none", ()))
+
+
+def isolation_mode() -> Mode:
+  """The strongest mode that works on this machine (`isolation().mode`)."""
+  return isolation().mode
 
 
 def run_program(source: str, limits: Limits = Limits(), *, mode: Mode | None = None

@@ -1,22 +1,28 @@
-"""The process that jaxloc.tasks.sandbox starts for one untrusted program.
+"""The process that jaxloc.sandbox (runner.py) starts for one untrusted program.
 
-Run as `python -I _sandbox_child.py CONFIG_JSON`; standard library only, because it runs in a
+Run as `python -I _child.py CONFIG_JSON`; standard library only, because it runs in a
 scrubbed environment where jaxloc need not be importable. It sets up isolation and then runs the
 program in-process with `runpy`, so no second interpreter start is paid.
 
-Process tree in the namespace modes (sandbox.py describes all modes and their fallbacks):
+Process tree in the namespace modes (the package docstring describes all modes and their fallbacks):
 
-    launcher (this file; new session, new net + mount namespaces, unshares a pid namespace)
-      └─ init (pid 1 of the new pid namespace; mounts a fresh /proc; reaps; runs no user code)
+    launcher (this file; new session; new mount, network, IPC, UTS and cgroup namespaces, and a pid
+             namespace for its children; sets the hostname and the IPC namespace's limits)
+      └─ init (pid 1 of the new pid namespace; mounts a fresh /proc; enters the file view; reaps;
+               runs no user code)
            └─ program (drops capabilities and, as root, its uid; sets rlimits; runs the code)
 
 With a file view (`config["file_view"]`, the default wherever namespaces work) the launcher builds the
 program's whole file system before forking init: a fresh tmpfs root holding read-only bind mounts of
 what the interpreter needs (its prefix, /usr and the /lib links, /etc/ld.so.cache, a few /dev nodes),
-a size-limited writable /tmp for the program's directory, and a mount point for the fresh /proc;
-it then pivots into that root and detaches the host's. Nothing else of the host exists there: no
-home directories, no /etc/shadow, no checkout, no cache, no other process. The program then needs no
-capability at all. Without a file view (the fallback) the host's mounts stay visible, read-only.
+the IPC namespace's own POSIX message queues at /dev/mqueue, a size-limited writable /tmp for the
+program's directory, and a mount point for the fresh /proc. Init mounts that /proc and only then
+pivots into the root and detaches the host's: in a user namespace the kernel mounts a new proc only
+while the mount namespace still holds a fully visible one (the host's). Nothing else of the host
+exists there: no home directories, no /etc/shadow, no checkout, no cache, no other process. The
+program then needs no capability at all. Without a file view (the fallback) the host's mounts stay
+visible, read-only, with private tmpfs on the world-writable directories and the namespace's own
+queues over /dev/mqueue.
 
 The harness kills the launcher's process group on timeout. The init process is in that group;
 the untrusted code cannot move it out (only init or its parent can change its group) nor kill it
@@ -35,6 +41,9 @@ import traceback
 
 SETUP_FAILED = 111  # exit status meaning "isolation could not be set up", never a verdict
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -71,6 +80,12 @@ SIGKILL = 9
 # Directories any user may write to; each gets a private tmpfs so the program's writes vanish.
 WORLD_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 SANDBOX_WORKDIR = "/tmp/sandbox"
+POSIX_QUEUES = "/dev/mqueue"
+# Message queues and semaphore sets a program's IPC namespace may hold: SysV queues hold up to
+# kernel.msgmnb (16 KiB) each, so 32 of them 512 KiB; the semaphore limits are the kernel's defaults
+# before 3.19 (32,000 semaphores, a few MB); shared memory is capped at the program's memory limit.
+IPC_MESSAGE_QUEUES = 32
+IPC_SEMAPHORES = "250 32000 32 128"  # per set, in all, operations per semop, sets
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -165,7 +180,33 @@ def _build_file_view(tmpfs_bytes, host_workdir):
   for path in list(VIEW_DIRECTORIES) + _interpreter_paths() + list(VIEW_FILES) + list(VIEW_DEVICES):
     if os.path.lexists(path):
       _add_to_view(root, path)
+  _mount_own_queues(root + POSIX_QUEUES)
   return root
+
+
+def _mount_own_queues(target):
+  """The IPC namespace's own POSIX message queues at `target` (mq_open reaches them with or without it)."""
+  os.makedirs(target, mode=0o755, exist_ok=True)
+  _check(_mount("mqueue", target, "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), f"mount {target}")
+
+
+def _bound_ipc(memory_bytes, required):
+  """Caps what the new IPC namespace may hold; it starts with the kernel's defaults, under which shared
+  memory is practically unbounded: segments would keep memory outside RLIMIT_AS until the program dies.
+
+  Writes /proc/sys/kernel, whose IPC entries are those of the writer's IPC namespace. `required` is
+  False in a user namespace, where older kernels refuse the writes; the program then gets the
+  defaults, still within its own namespace and gone with it.
+  """
+  limits = {"shmmax": memory_bytes, "shmall": memory_bytes // os.sysconf("SC_PAGE_SIZE"),
+            "msgmni": IPC_MESSAGE_QUEUES, "sem": IPC_SEMAPHORES}
+  for name, value in limits.items():
+    try:
+      with open(f"/proc/sys/kernel/{name}", "w") as sysctl:
+        sysctl.write(str(value))
+    except OSError:
+      if required:
+        _setup_failed(f"set kernel.{name} of the IPC namespace")
 
 
 def _enter_file_view(root):
@@ -302,10 +343,13 @@ def _exit_like(status):
   os._exit(128 + os.WTERMSIG(status))
 
 
-def _run_init(config, program_path, workdir, base_tasks):
-  """pid 1 of the sandbox's pid namespace: reap everything until the program exits."""
+def _run_init(config, program_path, workdir, base_tasks, root):
+  """pid 1 of the sandbox's pid namespace: mount its /proc (in the file view at `root`, then enter
+  that view), and reap everything until the program exits."""
   _libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
-  _check(_mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+  _check(_mount("proc", (root or "") + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+  if root:
+    _enter_file_view(root)
   program_pid = os.fork()
   if program_pid == 0:
     _run_program(config, program_path, workdir, base_tasks)
@@ -333,8 +377,12 @@ def main():
   user_namespace = config["mode"] == "user_namespace"
   # Without a uid switch the program shares our uid, whose existing tasks count against NPROC.
   base_tasks = 0 if config["run_uid"] is not None else _count_tasks_of_uid(uid)
-  flags = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID | (CLONE_NEWUSER if user_namespace else 0)
-  _check(_libc.unshare(flags), "unshare")
+  flags = (CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+           | (CLONE_NEWUSER if user_namespace else 0))
+  # A kernel without cgroup namespaces (or one that refuses them) still gets every other one; the
+  # harness's probe sees which namespaces a program got and says so in the mode's description.
+  if _libc.unshare(flags | CLONE_NEWCGROUP) != 0:
+    _check(_libc.unshare(flags), "unshare")
   if user_namespace:
     try:
       for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"0 {uid} 1"),
@@ -343,8 +391,12 @@ def main():
           map_file.write(text)
     except OSError:
       _setup_failed("user namespace id maps")
+  hostname = config["hostname"].encode()
+  _check(_libc.sethostname(hostname, len(hostname)), "set the hostname")
+  _bound_ipc(config["limits"]["memory_bytes"], required=not user_namespace)
   # Private propagation first, so that nothing mounted below can leak into the host.
   _check(_mount(None, "/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
+  root = None
   if config.get("file_view"):
     root = _build_file_view(config["limits"]["tmpfs_bytes"], host_workdir)
     workdir = os.path.join(root + "/tmp", "sandbox")
@@ -355,6 +407,8 @@ def main():
       if os.path.isdir(directory) and not os.path.islink(directory):
         _check(_mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_options),
                f"mount tmpfs on {directory}")
+    if os.path.isdir(POSIX_QUEUES) and not os.path.islink(POSIX_QUEUES):  # hides the host's queues
+      _mount_own_queues(POSIX_QUEUES)
     workdir = SANDBOX_WORKDIR
   os.mkdir(workdir, 0o700)
   program_path = os.path.join(workdir, "program.py")
@@ -363,13 +417,12 @@ def main():
   if config["run_uid"] is not None:
     for path in (workdir, program_path):
       os.chown(path, config["run_uid"], config["run_uid"])
-  if config.get("file_view"):
-    _enter_file_view(root)
+  if root:
     program_path = os.path.join(SANDBOX_WORKDIR, "program.py")
 
   init_pid = os.fork()
   if init_pid == 0:
-    _run_init(config, program_path, SANDBOX_WORKDIR, base_tasks)
+    _run_init(config, program_path, SANDBOX_WORKDIR, base_tasks, root)
   _, status = os.waitpid(init_pid, 0)
   _exit_like(status)
 

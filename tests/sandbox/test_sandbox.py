@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 
-from jaxloc.tasks import sandbox
+from jaxloc import sandbox
+from jaxloc.sandbox import runner
 
 # Short limits keep each hostile test to a few seconds.
 SHORT = sandbox.Limits(timeout_s=3.0, cpu_s=2.0, memory_bytes=512 << 20, max_processes=8)
@@ -69,7 +70,7 @@ def test_fork_bomb_is_contained_and_cleaned_up():
       """)
   assert not result.passed
   if sandbox.isolation_mode() in ("namespaces", "namespaces_host_visible", "uid_only"):
-    assert all(not sandbox._pids_of_uid(uid) for uid in sandbox.UID_POOL)
+    assert all(not runner._pids_of_uid(uid) for uid in sandbox.UID_POOL)
   assert_harness_alive()
 
 
@@ -94,6 +95,24 @@ def test_escaped_session_is_killed_with_the_sandbox():
     except OSError:
       pass
   assert not survivors
+
+
+def test_the_harness_notices_an_exit_at_once():
+  """Popen.wait(timeout) polls with sleeps growing to 50 ms, so a 70 ms process was noticed at 113.5 ms."""
+  import subprocess
+
+  seconds = []
+  for _ in range(3):
+    process = subprocess.Popen(["sleep", "0.07"])
+    start = time.monotonic()
+    assert runner._wait(process, 5.0) == 0
+    seconds.append(time.monotonic() - start)
+  assert min(seconds) < 0.1, seconds
+  process = subprocess.Popen(["sleep", "10"])
+  start = time.monotonic()
+  assert runner._wait(process, 0.2) is None and time.monotonic() - start < 1.0
+  process.kill()
+  process.wait()
 
 
 def test_huge_allocation_fails_with_memory_error():
@@ -260,7 +279,7 @@ def test_checkout_cache_and_other_processes_are_invisible(tmp_path):
         except OSError:
           pass
       """)
-  assert processes.passed and "pytest" not in processes.stdout and "_sandbox_child" in processes.stdout
+  assert processes.passed and "pytest" not in processes.stdout and "sandbox/_child.py" in processes.stdout
   assert len(processes.stdout.splitlines()) <= 6 and "JAXLOC" not in processes.stdout
 
 
@@ -289,6 +308,28 @@ def test_the_view_is_read_only_except_its_own_directory():
       """)
   assert result.passed and result.stdout.strip() == "4"
   assert not os.path.exists("/usr/jaxloc-pwned") and not os.path.exists("/jaxloc-pwned")
+
+
+def test_user_namespace_mode_builds_the_same_file_view():
+  """The mode for non-root users (root can enter it too): its init mounts /proc before detaching the host's root,
+  which a user namespace requires."""
+  if sandbox.probe("user_namespace") is None:
+    pytest.skip("no user namespaces on this machine")
+  result = sandbox.run_program(textwrap.dedent("""
+      import os, subprocess, sys
+      for path in ("/etc/shadow", "/etc/passwd", "/usr/jaxloc-pwned", os.__file__):
+        try:
+          open(path, "a").write("x")
+        except OSError:
+          print("blocked")
+      print(subprocess.run([sys.executable, "-c", "print(6 * 7)"], capture_output=True, text=True).stdout.strip())
+      print(len([pid for pid in os.listdir("/proc") if pid.isdigit()]), sorted(os.listdir("/")))
+      """), SHORT, mode="user_namespace")
+  assert result.passed, result.stderr
+  lines = result.stdout.splitlines()
+  assert lines[:5] == ["blocked"] * 4 + ["42"]
+  processes, root = lines[5].split(" ", 1)
+  assert int(processes) <= 3 and "home" not in root and "work" not in root
 
 
 @needs_isolation
@@ -374,6 +415,21 @@ def test_sandbox_overhead_benchmark_measures_each_mode():
   assert "| none |" in sandbox_overhead.format_table(rows)
 
 
+def test_sandbox_benchmark_command_checks_its_modes_and_writes_its_figures(tmp_path):
+  import json
+
+  from jaxloc.errors import UserError
+  from jaxloc.main import benchmark_sandbox
+
+  with pytest.raises(UserError, match="bogus"):
+    benchmark_sandbox.main(benchmark_sandbox.BenchmarkSandboxConfig(modes=["none", "bogus"]))
+  output = tmp_path / "sandbox.json"
+  benchmark_sandbox.main(benchmark_sandbox.BenchmarkSandboxConfig(programs=3, modes=["none"], output_json=str(output)))
+  written = json.loads(output.read_text())
+  assert (written["isolation_mode"], written["isolation"]) == (sandbox.isolation_mode(), sandbox.isolation().description)
+  assert [(r["mode"], r["programs"], r["passed"]) for r in written["rows"]] == [("none", 3, 3)]
+
+
 @needs_file_view
 def test_an_interpreter_in_a_virtual_environment_under_tmp_is_in_the_view(tmp_path):
   """A venv under /tmp (as a CI job might make) must stay reachable although the view gets its own /tmp."""
@@ -383,7 +439,7 @@ def test_an_interpreter_in_a_virtual_environment_under_tmp_is_in_the_view(tmp_pa
   venv = tmp_path / "venv"
   subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  probe = ("from jaxloc.tasks import sandbox; "
+  probe = ("from jaxloc import sandbox; "
            "r = sandbox.run_program('import subprocess, sys; "
            "print(subprocess.run([sys.executable, \"-c\", \"print(6 * 7)\"], capture_output=True, text=True).stdout)'); "
            "print(r.status, r.stdout.strip(), r.stderr[-300:])")
