@@ -134,7 +134,11 @@ def measure(plan: methods.Plan, target: Measuring, general: list[Measuring], pro
                         f"{task.store.output_dir} away to re-measure {task.evaluator.name}")
       if n < len(target.store):
         score(task, target.store.masks[n:])
-    methods.drive(plan, target.store, lambda masks: [score(task, masks) for task in tasks], chunk=MASKS_PER_ROUND)
+    def score_every_task(masks: np.ndarray) -> None:
+      for task in tasks:
+        score(task, masks)
+
+    methods.drive(plan, target.store, score_every_task, chunk=MASKS_PER_ROUND)
   finally:
     bar.close()
 

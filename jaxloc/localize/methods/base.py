@@ -171,6 +171,8 @@ class Method:
             **flag_values(settings.method_settings, measured_only=True)}
 
   def plan(self, settings, context: "Context") -> Plan:
+    """The run's plan: `settings` is the LocalizeSettings (its `method_settings` an instance of `settings_class`),
+    `context` what the run provides."""
     raise NotImplementedError
 
   def bootstrap_plan(self, settings, context: "Context", ranking: Ranking) -> Plan:
