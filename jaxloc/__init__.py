@@ -7,7 +7,7 @@ From Python (a notebook), everything below is `jaxloc.<name>`:
     engine = jaxloc.Engine(model)                              # batched, compiled evaluation under head masks
     jaxloc.evaluate_heads(engine, "plurals", heads=["L8H1"])   # the `experiments.evaluate` result
     jaxloc.evaluate_masks(engine, "lm_eval:boolq", masks)      # metrics per keep-mask [masks, layers, heads]
-    run = jaxloc.run_localization(engine, "plurals", "runs/p", method="gradient_confirm", num_masks=60)
+    run = jaxloc.run_localization(engine, "plurals", "runs/p", num_masks=60)   # the flags as keywords
     run = jaxloc.read_run("runs/p")                            # heads, coefficients, measurements, validation
 
 Names are imported on first use, so `import jaxloc` is instant and a subpackage never pulls in the others.

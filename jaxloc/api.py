@@ -3,7 +3,7 @@
     import jaxloc
     engine = jaxloc.Engine(jaxloc.load_model("smollm2-135m"))
     jaxloc.evaluate_heads(engine, "plurals", heads=["L8H1", "L20H5"], num_samples=50)["metrics"]
-    run = jaxloc.run_localization(engine, "plurals", "runs/plurals", method="gradient_confirm", num_masks=60)
+    run = jaxloc.run_localization(engine, "plurals", "runs/plurals", num_masks=60, general_tasks=["counting"])
     run.top_k, run.coefficients  # or later: jaxloc.read_run("runs/plurals")
 
 Loading models, building engines and evaluating tasks under masks are the library's own functions, re-exported
@@ -99,17 +99,15 @@ def run_localization(engine, task: str | None = None, output_dir: str | None = N
                      **fields: Any) -> Run:
   """Localizes `task` on `engine`'s model, writes the outputs and plots to `output_dir`, and returns them.
 
-  Settings are `LocalizeSettings` fields (`experiments.localize --helpfull` lists them with their defaults):
-  give them as keywords (`method="gradient_confirm", num_masks=60, general_tasks=["plurals"]`) or as a whole
-  `settings` object. Re-running with the same settings resumes an interrupted run. `tasks` are the run's
-  documents when already loaded (`jaxloc.localize.run.load_tasks(settings)`).
+  Settings are the flags of `experiments.localize` (`--helpfull` lists them with their defaults): give them as
+  keywords, the method's own included (`method=..., num_masks=60, general_tasks=["plurals"]`, a learned mask's
+  `mask_steps=30`), or as a whole `settings` object (`LocalizeSettings.make(...)`). A keyword that is neither a
+  run-wide setting nor one of the method's is an error naming the valid ones. Re-running with the same settings
+  resumes an interrupted run. `tasks` are the run's documents when already loaded
+  (`jaxloc.localize.run.load_tasks(settings)`).
   """
   if settings is None:
-    known = {f.name for f in dataclasses.fields(LocalizeSettings)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-      raise UserError(f"unknown localization setting(s) {unknown}; settings: {', '.join(sorted(known))}")
-    settings = LocalizeSettings(**{"model": engine.model.name, "task": task, "output_dir": output_dir, **fields})
+    settings = LocalizeSettings.make(**{"model": engine.model.name, "task": task, "output_dir": output_dir, **fields})
   elif task is not None or output_dir is not None or fields:
     raise UserError("give the settings either as a LocalizeSettings object or as task, output_dir and keywords")
   localize(engine, settings, tasks or load_tasks(settings), progress=progress)

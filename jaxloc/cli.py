@@ -1,4 +1,5 @@
-"""Command-line plumbing shared by `experiments/`: model and engine flags, and one-line errors.
+"""Command-line plumbing shared by `experiments/` and `jaxloc/main`: flags from settings dataclasses, model and engine
+flags, and one-line errors.
 
 Errors a user causes (bad flag value, missing file, unknown task, malformed JSONL) end the program
 with a single line on stderr and exit status 2, no traceback.
@@ -6,7 +7,6 @@ with a single line on stderr and exit status 2, no traceback.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
@@ -62,54 +62,57 @@ def define_model_flags() -> None:
                        "and the others exit with an error instead of waiting for it.", lower_bound=1)
 
 
-def define_flags(settings_class, skip: tuple[str, ...] = (), choices: dict[str, list[str]] | None = None) -> None:
-  """One flag per field of a settings dataclass (`jaxloc.localize.settings.setting` fields): its default,
-  help, bounds and choices come from the field, so the flag and the settings never disagree. `choices`
-  supplies lists that the field names symbolically (e.g. the method registry)."""
-  for field in dataclasses.fields(settings_class):
-    if field.name in skip:
+def define_flags(settings_class, skip: tuple[str, ...] = (), flag_values: flags.FlagValues = FLAGS) -> None:
+  """One flag per flag of a settings dataclass (`jaxloc.localize.settings.flag_fields`: its `setting` fields, under
+  its prefix, nested settings included; `LocalizeSettings` adds every registered method's): default, help, bounds
+  and choices come from the field, so the flag and the settings never disagree."""
+  from jaxloc.localize.settings import default_of, flag_fields, resolve
+
+  for name, field in flag_fields(settings_class).items():
+    if name in skip:
       continue
     meta = field.metadata
-    default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-    help_text = meta.get("help", "")
+    default = default_of(field)
+    help_text = resolve(meta.get("help", ""))
     kind = meta.get("type", type(default))
-    options = meta.get("choices")
-    if isinstance(options, str):
-      options = (choices or {})[options]
+    options = resolve(meta.get("choices"))
     bounds = {k: meta[b] for k, b in (("lower_bound", "lower"), ("upper_bound", "upper")) if b in meta}
+    where = {"flag_values": flag_values}
     if options:
-      flags.DEFINE_enum(field.name, default, list(options), help_text)
+      flags.DEFINE_enum(name, default, list(options), help_text, **where)
     elif kind is bool:
-      flags.DEFINE_bool(field.name, default, help_text)
+      flags.DEFINE_bool(name, default, help_text, **where)
     elif kind is int:
-      flags.DEFINE_integer(field.name, default, help_text, **bounds)
+      flags.DEFINE_integer(name, default, help_text, **bounds, **where)
     elif kind is float:
-      flags.DEFINE_float(field.name, default, help_text, **bounds)
+      flags.DEFINE_float(name, default, help_text, **bounds, **where)
     elif kind in (list, dict):
       shown = (None if default is None else [f"{k}={v}" for k, v in default.items()] if kind is dict
                else [str(v) for v in default])
-      flags.DEFINE_list(field.name, shown, help_text)
+      flags.DEFINE_list(name, shown, help_text, **where)
     else:
-      flags.DEFINE_string(field.name, default, help_text)
+      flags.DEFINE_string(name, default, help_text, **where)
     if meta.get("required"):
-      flags.mark_flag_as_required(field.name)
+      flags.mark_flag_as_required(name, flag_values=flag_values)
 
 
-def settings_from_flags(settings_class) -> Any:
-  """The settings dataclass filled from the parsed flags that `define_flags` defined."""
+def settings_from_flags(settings_class, flag_values: flags.FlagValues = FLAGS) -> Any:
+  """The settings dataclass built from the parsed flags that `define_flags` defined (`settings.build`: a
+  `LocalizeSettings` takes the flags of the method `--method` names)."""
+  from jaxloc.localize.settings import build, default_of, flag_fields
+
   values = {}
-  for field in dataclasses.fields(settings_class):
-    if field.name not in FLAGS:
+  for name, field in flag_fields(settings_class).items():
+    if name not in flag_values:
       continue
-    value = FLAGS[field.name].value
-    kind = field.metadata.get("type", type(field.default_factory() if field.default_factory is not
-                                             dataclasses.MISSING else field.default))
+    value = flag_values[name].value
+    kind = field.metadata.get("type", type(default_of(field)))
     if kind is dict:
       value = parse_options(value)
     elif kind is list:
-      value = _elements(field.name, value, field.metadata.get("element"))
-    values[field.name] = value
-  return settings_class(**values)
+      value = _elements(name, value, field.metadata.get("element"))
+    values[name] = value
+  return build(settings_class, values)
 
 
 def _elements(name: str, values, element) -> list:

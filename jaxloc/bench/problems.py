@@ -99,7 +99,7 @@ def real_problem(evaluator: Evaluator, model_name: str, *, output_dir: str, num_
 
 
 def measure_gradient(problem: Problem, repeats: int = 2) -> dict[str, Any]:
-  """The mask gradient (`Evaluator.first_order_change`, what `gradient_confirm` uses) and its cost against
+  """The mask gradient (`Evaluator.first_order_change`, what a method that needs the gradient uses) and its cost against
   mask evaluations timed in the same process: a warm gradient pass vs a warm full batch of masks."""
   evaluator = problem.evaluator
   if evaluator.task.output_type != "loglikelihood":

@@ -5,21 +5,23 @@ Axes: `masks` M, `layers` L, `heads` H, N = L * H heads flattened row-major (fla
 `budgets` (fractions of N evaluations), `seeds` (design seeds), `k` (the top-k heads compared).
 
 Every method here is the shipped one: a variant names a registered method (`jaxloc.localize.methods`) and
-changes a few fields of `LocalizeSettings`, whose defaults are `experiments.localize`'s; the variant's plan
-is driven exactly as the runner drives it, with a problem's cached measurements in place of the engine.
-Variant names are tokens joined with '-' (`parse_variant`):
-  <method>           a registered method name (cs_stratified, two_stage, gradient_confirm, ...);
+changes a few of its settings (`LocalizeSettings.make`), whose defaults are `experiments.localize`'s; the
+variant's plan is driven by the runner's own loop (`methods.drive`), with a problem's cached measurements in place
+of the engine. Variant names are tokens joined with '-' (`parse_variant`):
+  <method>           a registered method name (`jaxloc.localize.methods.names()`);
   accuracy|logprob|acc|acc_norm|exact_match   --metric;   nonpositive   --nonpositive;
   r<rate>            --ablation_rate;   s<fraction>   --screen_fraction;
+  <flag>=<value>     any of the method's own flags (e.g. mask_steps=30; one value, no '-');
   n<count>           --num_masks fixed at count (the budget only decides whether the variant fits);
   upto<fraction>     the benchmark's own limit: the largest budget the variant runs at.
-At a budget of B evaluations a method gets --num_masks = B (less the gradient pass, in evaluations, for a
-method that uses the gradient; less its training, in evaluations by measured time, for a method that trains a
-mask: it trains once per seed, the budget buys its confirmations); it runs only if its plan fits the budget.
+At a budget of B evaluations a method gets --num_masks = B, less what it needs before measuring (its `needs`):
+the gradient pass, in evaluations, for a method that needs the mask gradient; its training, in evaluations by
+measured time, for a method that trains on the relaxed objective (it trains once per seed, the budget buys its
+confirmations). It runs only if its plan fits the budget, and only where the problem provides what it needs.
 
-Ground truth: one-shot greedy over every head (the registered `one_shot_greedy`), for every metric the
-task reports. For each (variant, budget, seed): recall of the ground truth's top-k, for every metric, and
-the score change from ablating the variant's top-k together (one more cached evaluation).
+Ground truth: every head ablated alone (`methods.base.single_head_plan`, one-shot greedy over every head), for
+every metric the task reports. For each (variant, budget, seed): recall of the ground truth's top-k, for every
+metric, and the score change from ablating the variant's top-k together (one more cached evaluation).
 """
 
 from __future__ import annotations
@@ -39,11 +41,17 @@ from jaxloc.errors import UserError
 from jaxloc.heads import head_name
 from jaxloc.localize import methods, validate
 from jaxloc.localize.methods import Measured, Ranking
-from jaxloc.localize.settings import LocalizeSettings, setting
+from jaxloc.localize.methods.base import ATTRIBUTION, GRADIENT, OBJECTIVE, drive, single_head_plan
+from jaxloc.localize.methods.greedy import IterativeGreedyPlan
+from jaxloc.localize.settings import LocalizeSettings, flag_fields, parse_value, setting
 
 log = logging.getLogger(__name__)
 
 METRIC_TOKENS = ("accuracy", "logprob", "acc", "acc_norm", "exact_match")
+
+
+# Short tokens for flags many variants set (the method must take the flag).
+SHORT_TOKENS = {"r": "ablation_rate", "s": "screen_fraction"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,19 +64,26 @@ class Variant:
   max_budget: float = math.inf
 
   def settings(self, base: LocalizeSettings, num_masks: int, seed: int) -> LocalizeSettings:
-    return dataclasses.replace(base, method=self.method, seed=seed, **{"num_masks": num_masks, **dict(self.overrides)})
+    """`base`'s settings with this variant's method (its own settings at their defaults unless `base` runs the
+    same method) and overrides, at `num_masks` (unless fixed) and `seed`."""
+    return base.replace(method=self.method, seed=seed, **{"num_masks": num_masks, **dict(self.overrides)})
 
 
 def parse_variant(name: str) -> Variant:
-  """`cs_stratified-logprob-r0.05-nonpositive` -> Variant; UserError naming a bad token."""
-  method, *tokens = name.strip().split("-")
-  if method not in methods.names():
+  """`<method>-logprob-r0.05-nonpositive` -> Variant; UserError naming a bad token."""
+  method_name, *tokens = name.strip().split("-")
+  if method_name not in methods.names():
     raise UserError(f"unknown method {name!r}: it must start with one of {', '.join(methods.names())}")
+  method = methods.get(method_name)
+  if "heads" not in method.units:
+    raise UserError(f"method {name!r} localizes {', '.join(method.units)}; the benchmark ranks heads")
+  own = flag_fields(method.settings_class)
   overrides: dict[str, Any] = {}
   max_budget = math.inf
   for token in tokens:
     number = re.fullmatch(r"(r|s|upto)(\d*\.?\d+)", token)
     count = re.fullmatch(r"n(\d+)", token)
+    flag, equals, text = token.partition("=")
     if token in METRIC_TOKENS:
       overrides["metric"] = token
     elif token == "nonpositive":
@@ -82,11 +97,17 @@ def parse_variant(name: str) -> Variant:
       if number.group(1) == "upto":
         max_budget = value
       else:
-        overrides[{"r": "ablation_rate", "s": "screen_fraction"}[number.group(1)]] = value
+        overrides[SHORT_TOKENS[number.group(1)]] = value
+    elif equals and flag in own:
+      overrides[flag] = parse_value(flag, own[flag], text)
     else:
       raise UserError(f"method {name!r}: unknown token {token!r}; tokens are {', '.join(METRIC_TOKENS)}, "
-                      "nonpositive, r<ablation rate>, s<screen fraction>, n<fixed --num_masks>, upto<largest budget fraction>")
-  return Variant(name.strip(), method, tuple(sorted(overrides.items())), max_budget)
+                      "nonpositive, r<ablation rate>, s<screen fraction>, n<fixed --num_masks>, upto<largest budget "
+                      f"fraction>, and <flag>=<value> for {method_name}'s flags ({', '.join(own) or 'none'})")
+  missing = [k for k in overrides if k in ("nonpositive", *SHORT_TOKENS.values()) and k not in own]
+  if missing:
+    raise UserError(f"method {name!r}: {method_name} takes no --{missing[0]}; its flags: {', '.join(own) or 'none'}")
+  return Variant(name.strip(), method_name, tuple(sorted(overrides.items())), max_budget)
 
 
 def budget_masks(fraction: float, num_total: int) -> int:
@@ -110,45 +131,53 @@ def context(problem: Problem, memory: dict | None = None) -> methods.Context:
   return ctx
 
 
-def drive(settings: LocalizeSettings, problem: Problem, memory: dict | None = None) -> tuple[Measured, Ranking]:
-  """Runs the registered method of `settings` on `problem`, as `localize.run.measure` does on a model."""
-  plan = methods.get(settings.method).plan(settings, context(problem, memory))
-  metric = settings.metric or problem.headline_metric
+def provides(problem: Problem, needs: frozenset[str]) -> bool:
+  """Whether `problem` gives a method what it needs before measuring, with its cost in evaluations: the gradient
+  (timed), the relaxed objective with a timed mask evaluation to convert training time. No problem attributes."""
+  available = set()
+  if problem.gradient is not None:
+    available.add(GRADIENT)
+  if problem.objective is not None and problem.mask_seconds is not None:
+    available.add(OBJECTIVE)
+  return set(needs) & {GRADIENT, OBJECTIVE, ATTRIBUTION} <= available
+
+
+def measure_plan(plan: methods.Plan, problem: Problem, metric: str) -> Measured:
+  """What `plan` measures on `problem`, driven as the runner drives it."""
   measured = Measured(np.zeros((0, problem.num_layers, problem.num_heads), bool),
                       {m: np.zeros((0,)) for m in problem.metric_names}, problem.baseline, metric)
-  while (todo := plan.next_masks(measured)) is not None:
-    values = problem.measure(todo)
-    measured = Measured(np.concatenate([measured.masks, todo]),
-                        {m: np.concatenate([measured.metrics[m], values[m]]) for m in measured.metrics},
-                        problem.baseline, metric)
+  return drive(plan, measured, lambda masks: measured.extend(masks, problem.measure(masks)))
+
+
+def run_settings(settings: LocalizeSettings, problem: Problem, memory: dict | None = None
+                 ) -> tuple[Measured, Ranking]:
+  """Runs the registered method of `settings` on `problem`: its measurements and ranking."""
+  plan = methods.get(settings.method).plan(settings, context(problem, memory))
+  measured = measure_plan(plan, problem, settings.metric or problem.headline_metric)
   return measured, plan.rank(measured)
 
 
 def run_variant(variant: Variant, problem: Problem, base: LocalizeSettings, budget: int, seed: int
                 ) -> MethodRun | None:
-  """The variant at a budget of `budget` evaluations; None when the budget cannot run it."""
+  """The variant at a budget of `budget` evaluations; None when the budget or the problem cannot run it."""
   method = methods.get(variant.method)
-  cost = 0.0
-  if method.uses_gradient:
-    if problem.gradient is None:
-      return None
-    cost = float(problem.gradient_cost)
+  if not provides(problem, method.needs):
+    return None
+  cost = float(problem.gradient_cost) if GRADIENT in method.needs else 0.0
   memory = problem.memory.setdefault((variant.name, seed), {})
-  if method.uses_objective:
-    if problem.objective is None or problem.mask_seconds is None:
-      return None
+  if OBJECTIVE in method.needs:
     if "training_seconds" not in memory:  # train once per seed (the plan trains; its gates are remembered)
       before = problem.objective.seconds
       method.plan(variant.settings(base, 1, seed), context(problem, memory))
       memory["training_seconds"] = problem.objective.seconds - before
-    cost = float(memory["training_seconds"]) / problem.mask_seconds
+    cost += float(memory["training_seconds"]) / problem.mask_seconds
   settings = variant.settings(base, int(math.floor(budget - cost)), seed)
   try:
     settings.check()
   except UserError:
     return None
   try:
-    measured, ranking = drive(settings, problem, memory)
+    measured, ranking = run_settings(settings, problem, memory)
   except UserError as e:  # e.g. every mask of a small design at the accuracy floor: nothing to rank
     log.warning("%s at %d evaluations, seed %d: %s", variant.name, budget, seed, e)
     return None
@@ -169,20 +198,22 @@ class GroundTruth:
     return self.ranking[metric][:k]
 
 
-def one_shot_ground_truth(problem: Problem, base: LocalizeSettings) -> GroundTruth:
+def one_shot_ground_truth(problem: Problem) -> GroundTruth:
+  """Every head ablated alone, ranked in each metric (ties by the others, as every single-head ranking)."""
+  every = np.arange(problem.num_total)
+  measured = measure_plan(single_head_plan(every, every, context(problem)), problem, problem.headline_metric)
   change, ranking = {}, {}
   for m in problem.metric_names:
-    _, result = drive(dataclasses.replace(base, method="one_shot_greedy", num_masks=problem.num_total, metric=m),
-                      problem)
+    result = single_head_plan(every, every, context(problem)).rank(dataclasses.replace(measured, metric=m))
     change[m], ranking[m] = result.values, result.order
   return GroundTruth(change, ranking)
 
 
-def iterative_greedy(problem: Problem, base: LocalizeSettings, k: int) -> dict[str, Any]:
-  """k rounds of the registered iterative greedy on the headline metric."""
-  measured, result = drive(dataclasses.replace(base, method="greedy", top_k=k, metric=problem.headline_metric),
-                           problem)
-  return {"top_k": [int(h) for h in result.order[:k]], "evaluations": int(len(measured))}
+def iterative_greedy(problem: Problem, k: int) -> dict[str, Any]:
+  """k rounds of iterative greedy (the shipped plan) on the headline metric."""
+  plan = IterativeGreedyPlan(context(problem), k)
+  measured = measure_plan(plan, problem, problem.headline_metric)
+  return {"top_k": [int(h) for h in plan.rank(measured).order[:k]], "evaluations": int(len(measured))}
 
 
 def recall(ranking: Sequence[int], truth: Sequence[int], k: int) -> float:
@@ -285,7 +316,7 @@ class EfficiencyConfig:
   methods: list = setting([], "Methods: registered method names with setting tokens (see jaxloc/bench/sweep.py); "
                           "empty = the default set.")
   budgets: list = setting([0.1, 0.25, 0.5, 1.0], "Budgets as fractions of N evaluations (1 = one-shot greedy over "
-                          "every head; above 1 for a method that costs more, e.g. learned_mask's training).",
+                          "every head; above 1 for a method that costs more, e.g. one that trains a mask first).",
                           element=float)
   seeds: list = setting([0, 1, 2, 3, 4], "Design seeds.", element=int)
   top_k: int = setting(5, "Heads compared with greedy's top-k.", lower=1)
@@ -293,14 +324,15 @@ class EfficiencyConfig:
   iterative_greedy: bool = setting(False, "Also run iterative greedy's top-k (about k·N evaluations).")
   noise_floor: bool = setting(True, "Greedy on two disjoint halves of the docs (about N more half-size "
                               "evaluations), design saturation and additivity of the top heads.")
-  gradient: bool = setting(True, "Time the mask gradient and run the methods that use it (and learned_mask, "
-                           "whose training is converted to evaluations with the mask time measured there).")
+  gradient: bool = setting(True, "Time the mask gradient and run the methods that need it (and those that train on "
+                           "the relaxed objective, whose training is converted to evaluations with the mask time "
+                           "measured there).")
   validation_samples: int = setting(100, "Held-out documents of each task (disjoint from the identification "
                                     "documents) on which every method's top-k is ablated too. 0: none.", lower=0)
   general_tasks: list = setting(["counting", "plurals", "induction", "arithmetic_1d_4shot"],
                                 "Tasks (the benchmarked one left out) on whose held-out documents every method's "
                                 "top-k is ablated: the largest relative drop is its cost in specificity. "
-                                "learned_mask also trains on their identification documents. Needs "
+                                "A method that trains a mask also trains on their identification documents. Needs "
                                 "--validation_samples.")
   synthetic_sizes: list = setting([(16, 32), (32, 32)], "Synthetic mode: (layers, heads) of each problem.")
   synthetic_planted: int = setting(10, "Synthetic mode: heads with a large effect.", lower=1)
@@ -326,18 +358,16 @@ class EfficiencyConfig:
 
 
 def default_variants(synthetic: bool = False) -> list[str]:
-  """The paper's two designs, the beyond-paper settings and methods, and the baseline. On a model the lower
-  ablation rate and the Bernoulli design stop at 25% of N (each costs 5 seeds x its masks in model
-  evaluations; the targets are at 10% and 25%); gradient_confirm needs a model. learned_mask is not in the
-  set: its training alone costs more than N evaluations on SmolLM2 (README), so it runs only when named, with a
-  budget above 1."""
-  limit = "0.5" if synthetic else "0.25"
-  names_ = ["one_shot_greedy", "cs_stratified", f"cs_bernoulli-upto{limit}", "cs_stratified-logprob",
-            "cs_stratified-nonpositive", f"cs_stratified-r0.03-upto{limit}", f"cs_stratified-logprob-r0.03-upto{limit}",
-            "two_stage", "two_stage-logprob"]
-  if not synthetic:
-    names_ += ["gradient_confirm"]
-  return names_
+  """Every registered method's declared variants (`Method.efficiency_variants`, in registration order): the paper's
+  two designs, the beyond-paper settings and methods, and the baseline; a method that trains a mask declares none
+  (its training alone can cost more than N evaluations, so it runs only when named, with a budget above 1).
+  "{cap}" is the largest budget of a costly variant: 25% of N on a model (each costs 5 seeds x its masks in model
+  evaluations; the targets are at 10% and 25%), 50% in simulation. Simulation leaves out the methods that need a
+  model to differentiate."""
+  cap = "0.5" if synthetic else "0.25"
+  return [name + (f"-{tokens.format(cap=cap)}" if tokens else "")
+          for name in methods.names() for tokens in methods.get(name).efficiency_variants
+          if not (synthetic and _needs_model(name))]
 
 
 def ground_truth_report(problem: Problem, truth: GroundTruth, k: int) -> dict[str, Any]:
@@ -386,7 +416,7 @@ def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_na
   k = cfg.top_k
   log.info("%s: baseline %s; ground truth (one-shot greedy, %d masks)", task_name, problem.baseline,
            problem.num_total)
-  truth = one_shot_ground_truth(problem, base)
+  truth = one_shot_ground_truth(problem)
   report: dict[str, Any] = {"task": task_name, "model": cfg.model, "num_docs": len(docs),
                             "num_layers": problem.num_layers, "num_heads": problem.num_heads,
                             "headline_metric": cfg.headline_metric, "metrics": problem.metric_names,
@@ -401,7 +431,7 @@ def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_na
     gradient["top_k"] = names(problem, by_gradient[:k])
     gradient["recall"] = recall(by_gradient, truth.top_k(cfg.headline_metric, k), k)
   if cfg.iterative_greedy:
-    report["ground_truth"]["iterative_greedy"] = iterative = iterative_greedy(problem, base, k)
+    report["ground_truth"]["iterative_greedy"] = iterative = iterative_greedy(problem, k)
     iterative["names"] = names(problem, iterative["top_k"])
     iterative["recall_of_one_shot"] = recall(truth.top_k(cfg.headline_metric, k), iterative["top_k"], k)
   records = sweep(problem, variants, base, cfg.budgets, cfg.seeds, k, truth,
@@ -425,22 +455,22 @@ def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_na
     for part, subset in (("half0", docs[:len(docs) // 2]), ("half1", docs[len(docs) // 2:2 * (len(docs) // 2)])):
       half, _ = real_problem(Evaluator(engine, task_name, task, subset), cfg.model, part=part,
                              headline_metric=cfg.headline_metric, **common)
-      halves.append(one_shot_ground_truth(half, base))
-    report["noise_floor"] = diagnostics.noise_floor(problem, truth, halves, variants, base, cfg, drive)
+      halves.append(one_shot_ground_truth(half))
+    report["noise_floor"] = diagnostics.noise_floor(problem, truth, halves, variants, base, cfg, run_settings)
   report["cache"] = cache.counts()
   report["seconds"] = time.perf_counter() - start
   return report
 
 
-def _needs_model(variant: Variant) -> bool:
-  method = methods.get(variant.method)
-  return method.uses_gradient or method.uses_objective
+def _needs_model(method: str) -> bool:
+  """Whether the method needs something only a model gives (a gradient, an objective, an attribution)."""
+  return bool(set(methods.get(method).needs) & {GRADIENT, OBJECTIVE, ATTRIBUTION})
 
 
 def run_synthetic(cfg: EfficiencyConfig, variants: Sequence[Variant]) -> list[dict[str, Any]]:
   """The sweep on synthetic responses at each size; one simulated task per seed (design seed = seed)."""
   reports = []
-  usable = [v for v in variants if not _needs_model(v)]
+  usable = [v for v in variants if not _needs_model(v.method)]
   for num_layers, num_heads in cfg.synthetic_sizes:
     start = time.perf_counter()
     n = num_layers * num_heads
@@ -451,7 +481,7 @@ def run_synthetic(cfg: EfficiencyConfig, variants: Sequence[Variant]) -> list[di
                                                    headline_metric=cfg.headline_metric,
                                                    num_samples=cfg.num_samples)
       base = cfg.base_settings(problem.name)
-      truth = one_shot_ground_truth(problem, base)
+      truth = one_shot_ground_truth(problem)
       planted = response.true_top_k(cfg.top_k)
       split.append(diagnostics.top_k_overlap(truth.ranking[cfg.headline_metric], planted, cfg.top_k))
       records += sweep(problem, usable, base, cfg.budgets, [seed], cfg.top_k, truth, planted=planted)
@@ -475,7 +505,7 @@ def run(cfg: EfficiencyConfig, *, synthetic: bool, engine_factory: Callable[[], 
   variants = cfg.check()
   start = time.perf_counter()
   if synthetic:
-    skipped = [v.name for v in variants if _needs_model(v)]
+    skipped = [v.name for v in variants if _needs_model(v.method)]
     if skipped:
       log.info("synthetic mode has no model to differentiate: skipping %s", ", ".join(skipped))
     tasks = run_synthetic(cfg, variants)

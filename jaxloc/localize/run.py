@@ -33,6 +33,7 @@ from jaxloc.errors import UserError
 from jaxloc.heads import parse_units, run_file, singular, unit_name, units_per_layer
 from jaxloc.localize import aliasing, confidence, confirm, designs, methods, specificity, validate
 from jaxloc.localize.measurements import MeasurementStore
+from jaxloc.localize.methods.base import SCORED_GENERAL_TASKS, SCORED_TARGET
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.tasks.names import task_label
 from jaxloc.tasks.evaluation import Evaluator, RetainedProbability, load_task_split
@@ -79,21 +80,26 @@ def load_tasks(settings: LocalizeSettings) -> Tasks:
     raise UserError(f"--metric={metric} is not a metric of {settings.task}{why}; localization can target "
                     f"{', '.join(task.metric_names) or 'none of its metrics'}")
   method = methods.get(settings.method)
-  differentiates = method.uses_gradient or method.uses_objective or method.uses_attribution
-  if differentiates and task.output_type != "loglikelihood":
+  if SCORED_TARGET in method.needs and task.output_type != "loglikelihood":
     raise UserError(f"--method={settings.method} needs a scored (loglikelihood) task; {settings.task} is a "
-                    "generation task: use cs_stratified, two_stage or one_shot_greedy")
+                    f"generation task: use {_methods_without(SCORED_TARGET, settings.unit)}")
   general = []
   for name in dict.fromkeys(settings.general_tasks):
     if name != settings.task:
       g_task, g_docs, g_held = load_task_split(name, {}, num_samples=settings.general_samples,
                                                validation_samples=held_out, seed=settings.seed,
                                                data_dir=settings.data_dir)
-      if methods.get(settings.method).uses_objective and g_task.output_type != "loglikelihood":
-        raise UserError(f"--method={settings.method} trains on every task's log-probability; general task {name} "
-                        "is a generation task: leave it out of --general_tasks or use another method")
+      if SCORED_GENERAL_TASKS in method.needs and g_task.output_type != "loglikelihood":
+        raise UserError(f"--method={settings.method} needs every general task scored (loglikelihood); general task "
+                        f"{name} is a generation task: leave it out of --general_tasks or use "
+                        f"{_methods_without(SCORED_GENERAL_TASKS, settings.unit)}")
       general.append(TaskDocs(name, g_task, g_docs, g_held, g_task.default_metric))
   return Tasks(TaskDocs(settings.task, task, docs, held, metric), general)
+
+
+def _methods_without(need: str, unit: str) -> str:
+  """The methods for `unit` that do without `need`."""
+  return ", ".join(name for name in methods.names_for(unit) if need not in methods.get(name).needs)
 
 
 @dataclasses.dataclass
@@ -105,8 +111,9 @@ class Measuring:
 
 
 def measure(plan: methods.Plan, target: Measuring, general: list[Measuring], progress: bool = True) -> None:
-  """Measures what `plan` asks for on the target and every general task (the same masks), saving after every
-  engine batch; resumes from the stores (a general task that fell behind catches up first)."""
+  """Measures what `plan` asks for on the target and every general task (the same masks, MASKS_PER_ROUND at a
+  time), saving after every engine batch; resumes from the stores (a general task that fell behind catches up
+  first)."""
   tasks = [target, *general]
   total = plan.expected_total() * len(tasks)
   bar = tqdm(total=total, initial=min(sum(len(t.store) for t in tasks), total), unit="task·mask",
@@ -127,10 +134,11 @@ def measure(plan: methods.Plan, target: Measuring, general: list[Measuring], pro
                         f"{task.store.output_dir} away to re-measure {task.evaluator.name}")
       if n < len(target.store):
         score(task, target.store.masks[n:])
-    while (todo := plan.next_masks(target.store)) is not None:
-      for start in range(0, len(todo), MASKS_PER_ROUND):
-        for task in tasks:
-          score(task, todo[start:start + MASKS_PER_ROUND])
+    def score_every_task(masks: np.ndarray) -> None:
+      for task in tasks:
+        score(task, masks)
+
+    methods.drive(plan, target.store, score_every_task, chunk=MASKS_PER_ROUND)
   finally:
     bar.close()
 
@@ -179,9 +187,9 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
     timing["gradient_seconds"] = time.perf_counter() - t
     return change
 
-  def attribution() -> np.ndarray:
+  def attribution(steps: int) -> np.ndarray:
     t = time.perf_counter()
-    scores = identification[0].attribution(settings.cnl_steps, progress)
+    scores = identification[0].attribution(steps, progress)
     timing["attribution_seconds"] = time.perf_counter() - t
     return scores
 
@@ -351,7 +359,7 @@ def _confidence(settings: LocalizeSettings, method, context: methods.Context, fo
                 measuring: list[Measuring], excluded: np.ndarray, progress: bool) -> confidence.Confidence | None:
   """The bootstrap: every task re-estimated on resampled measurements, the run's selection re-run (its
   universal heads kept)."""
-  plans = [_bootstrap_plan(method, settings, context, r) for r in [found.ranking, *found.general_rankings]]
+  plans = [method.bootstrap_plan(settings, context, r) for r in [found.ranking, *found.general_rankings]]
 
   def select(rankings):
     drops = np.stack([specificity.relative_drops(r, m.store.baseline) for r, m in zip(rankings, measuring)])
@@ -403,14 +411,5 @@ def _heads_json(settings: LocalizeSettings, per_layer: int, found: Found, exclud
       "general_tasks": {task_label(m.evaluator.name): {"metric": m.store.metric, "baseline": m.store.baseline,
                                                        "num_docs": len(m.evaluator.docs)} for m in measuring[1:]},
       "confidence": conf.facts() if conf is not None else None,
-      "solver": found.ranking.facts, "flags": dataclasses.asdict(settings),
+      "solver": found.ranking.facts, "flags": settings.flags(),
   }
-
-
-def _bootstrap_plan(method, settings: LocalizeSettings, context: methods.Context, ranking: methods.Ranking):
-  """The plan a bootstrap re-estimates with: the run's, with a cross-validated Lasso alpha fixed at the value the
-  full data chose (the alpha is part of the fit; re-running CV per resample would cost seconds each)."""
-  alpha = ranking.facts.get("lasso_alpha")
-  if settings.lasso_alpha == "cv" and alpha is not None:
-    settings = dataclasses.replace(settings, lasso_alpha=repr(float(alpha)))
-  return method.plan(settings, context)

@@ -2,8 +2,6 @@
 registered methods driven through it (on synthetic problems and on a tiny random Llama, where the benchmark
 and `localize` give the same ranking)."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -58,7 +56,7 @@ def test_ground_truth_breaks_accuracy_ties_by_logprob():
     yield slice(0, len(masks)), {"accuracy": 0.9 + flat @ change_acc, "logprob": -1.0 + flat @ change_lp}
 
   problem, _ = _fake_problem(evaluate, 1, 4)
-  truth = sweep.one_shot_ground_truth(problem, BASE)
+  truth = sweep.one_shot_ground_truth(problem)
   assert truth.ranking["accuracy"].tolist() == [3, 1, 0, 2]
   assert truth.ranking["logprob"].tolist() == [2, 3, 1, 0]
 
@@ -127,7 +125,7 @@ def test_nested_budgets_reuse_the_measurements_of_smaller_budgets():
   # A sweep over budgets and seeds measures each (design, seed) once: its largest prefix.
   evaluator2 = CountingEvaluator(important=(3, 17))
   problem2, _ = _fake_problem(evaluator2)
-  truth = sweep.one_shot_ground_truth(problem2, BASE)
+  truth = sweep.one_shot_ground_truth(problem2)
   after_truth = evaluator2.masks
   sweep.sweep(problem2, [variant, sweep.parse_variant("cs_stratified-logprob-r0.25")], BASE, [0.25, 0.5], [0, 1],
               2, truth)
@@ -142,16 +140,29 @@ def test_variant_names_are_settings_of_registered_methods():
   assert (variant.method, dict(variant.overrides), variant.max_budget) == (
       "cs_stratified", {"metric": "logprob", "ablation_rate": 0.05, "nonpositive": True}, 0.5)
   settings = variant.settings(BASE, 40, 2)
-  assert (settings.method, settings.num_masks, settings.seed, settings.ablation_rate) == ("cs_stratified", 40, 2, 0.05)
+  flags = settings.flags()
+  assert (flags["method"], flags["num_masks"], flags["seed"], flags["ablation_rate"]) == ("cs_stratified", 40, 2, 0.05)
   # Everything else is experiments.localize's default: the float64 solver and the CV grid users run.
-  assert (settings.solver_dtype, settings.lasso_alpha, settings.standardize) == ("float64", "cv", True)
+  assert (flags["solver_dtype"], flags["lasso_alpha"], flags["standardize"]) == ("float64", "cv", True)
   assert dict(sweep.parse_variant("two_stage-s0.3").overrides) == {"screen_fraction": 0.3}
   fixed = sweep.parse_variant("gradient_confirm-n7")
   assert fixed.settings(BASE, 40, 0).num_masks == 7 and fixed.max_budget == float("inf")
+  # Any of a method's own flags is a token, converted to the field's type.
+  masked = sweep.parse_variant("learned_mask-mask_steps=30-mask_general_weight=0.5")
+  options = masked.settings(BASE, 40, 0).method_settings
+  assert (options.steps, options.general_weight, options.restarts) == (30, 0.5, 2)
   with pytest.raises(UserError, match="unknown method"):
     sweep.parse_variant("lasso")
   with pytest.raises(UserError, match="unknown token"):
     sweep.parse_variant("cs_stratified-fast")
+  with pytest.raises(UserError, match="unknown token 'mask_steps=3'"):
+    sweep.parse_variant("cs_stratified-mask_steps=3")  # another method's flag
+  with pytest.raises(UserError, match="one_shot_greedy takes no --ablation_rate"):
+    sweep.parse_variant("one_shot_greedy-r0.1")
+  with pytest.raises(UserError, match="--mask_steps=many is not a valid int"):
+    sweep.parse_variant("learned_mask-mask_steps=many")
+  with pytest.raises(UserError, match="the benchmark ranks heads"):
+    sweep.parse_variant("cnl")
   with pytest.raises(UserError, match="fraction"):
     sweep.parse_variant("cs_stratified-r1.5")
 
@@ -188,7 +199,7 @@ def test_saved_reports_render_together(tmp_path):
 
 def test_two_stage_confirms_its_candidates_by_single_head_ablation():
   problem, cache, response = problems.synthetic_problem(8, 16, seed=1, num_planted=5, interaction_scale=0.0)
-  truth = sweep.one_shot_ground_truth(problem, BASE)
+  truth = sweep.one_shot_ground_truth(problem)
   evaluated = cache.evaluated
   result = sweep.run_variant(sweep.parse_variant("two_stage-s0.5"), problem, BASE, 64, seed=0)
   assert result.evaluations == 64 and result.info["screen_masks"] == 32 and result.info["confirmed_heads"] == 32
@@ -206,7 +217,7 @@ def test_gradient_methods_on_a_synthetic_gradient():
   # Noise-free accuracy, so the ground truth is the planted truth and the test is exact.
   problem, _, response = problems.synthetic_problem(8, 16, seed=2, num_planted=5, interaction_scale=0.0,
                                                     num_samples=None)
-  truth = sweep.one_shot_ground_truth(problem, BASE)
+  truth = sweep.one_shot_ground_truth(problem)
   planted = response.true_top_k(5)
   assert set(truth.top_k("accuracy", 5)) == set(planted)
   # A gradient that knows the first 3 planted heads and ranks the other 2 after 20 decoys.
@@ -249,7 +260,7 @@ def test_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
   assert gradient["available"] and gradient["forward_equivalents"] > 0
   assert problem.gradient.shape == (18,)
   base = sweep.EfficiencyConfig(output_dir=str(tmp_path), headline_metric="logprob").base_settings("counting")
-  truth = sweep.one_shot_ground_truth(problem, base)
+  truth = sweep.one_shot_ground_truth(problem)
   evaluated = cache.evaluated
   # A budget that confirms every head reproduces the ground truth, from the cache.
   full = sweep.run_variant(sweep.parse_variant("gradient_confirm"), problem, base,
@@ -270,15 +281,14 @@ def test_learned_mask_trains_once_per_seed_and_pays_its_training_in_evaluations(
   task, docs = load_task("counting", num_samples=6, seed=0, data_dir=None)
   problem, _ = problems.real_problem(Evaluator(engine, "counting", task, docs), "tiny", output_dir=str(tmp_path),
                                      num_samples=6, sample_seed=0, part="all", headline_metric="logprob")
-  variant = sweep.parse_variant("learned_mask")
-  base = dataclasses.replace(sweep.EfficiencyConfig(output_dir=str(tmp_path), headline_metric="logprob")
-                             .base_settings("counting"), mask_steps=3, mask_batch_docs=3)
+  variant = sweep.parse_variant("learned_mask-mask_steps=3-mask_batch_docs=3")
+  base = sweep.EfficiencyConfig(output_dir=str(tmp_path), headline_metric="logprob").base_settings("counting")
   assert sweep.run_variant(variant, problem, base, 10**6, seed=0) is None  # no measured mask time: cannot cost it
   problems.measure_gradient(problem, repeats=1)
   large = sweep.run_variant(variant, problem, base, 10**6, seed=0)
   trained = problem.objective.seconds
   # Wall time, compilation included (on a tiny model that is most of it).
-  training = float(problem.memory[("learned_mask", 0)]["training_seconds"]) / problem.mask_seconds
+  training = float(problem.memory[(variant.name, 0)]["training_seconds"]) / problem.mask_seconds
   assert training > 0 and large.evaluations == pytest.approx(training + 18) and large.info["measured_heads"] == 18
   small = sweep.run_variant(variant, problem, base, int(np.ceil(training)) + 2, seed=0)
   assert problem.objective.seconds == trained  # the second budget reused the trained gates
@@ -304,8 +314,8 @@ def test_benchmark_and_localize_give_the_same_ranking(smollm2, tmp_path, method,
   # Seed 0 for both: localize's --seed also draws its document subset, the benchmark's docs use sample_seed 0.
   variant = sweep.Variant(method, method, (("ablation_rate", options["ablation_rate"]),))
   result = sweep.run_variant(variant, problem, base, options["num_masks"], seed=0)
-  settings = dataclasses.replace(base, method=method, output_dir=str(tmp_path / "cli"), num_samples=6, seed=0,
-                                 validate=False, **options)
+  settings = base.replace(method=method, output_dir=str(tmp_path / "cli"), num_samples=6, seed=0, validate=False,
+                          **options)
   heads = localize(engine, settings, progress=False)
   names = [h["name"] for h in heads["heads"]]
   assert names == sweep.names(problem, result.ranking)

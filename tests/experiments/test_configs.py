@@ -6,14 +6,15 @@ import os
 import pytest
 from absl import flags
 
-import experiments.localize  # noqa: F401 - defines the flags
 from jaxloc import cli
 from jaxloc.localize.run import load_tasks
-from jaxloc.localize.settings import LocalizeSettings
+from jaxloc.localize.settings import LocalizeSettings, default_of, flag_fields
+from jaxloc.main import localize
 from jaxloc.models.loading import ALIASES, resolve
 from jaxloc.tasks.registry import get_task
 from tests.experiments.conftest import ROOT
 
+localize.define_flags()  # experiments.localize's flags, once per process
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "experiments", "configs", "*.flags")))
 
 
@@ -50,15 +51,14 @@ def test_flagfile_parses_into_valid_settings(path):
 
 
 def test_flags_and_settings_share_one_default():
-  """Every LocalizeSettings field is a flag whose default is the field's default (one source of truth)."""
-  import dataclasses
-
+  """Every run-wide setting and every registered method's setting is a flag whose default is the field's default
+  (one source of truth)."""
   FLAGS = flags.FLAGS
-  for field in dataclasses.fields(LocalizeSettings):
-    default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-    flag = FLAGS[field.name].default
+  for name, field in flag_fields(LocalizeSettings).items():
+    default = default_of(field)
+    flag = FLAGS[name].default
     if field.metadata.get("element"):  # a list flag holds strings; the run converts them (cli.settings_from_flags)
       flag = [field.metadata["element"](v) for v in flag]
     if isinstance(default, dict):
       default = [f"{k}={v}" for k, v in default.items()]
-    assert flag == default, field.name
+    assert flag == default, name

@@ -10,7 +10,7 @@ from jaxloc.localize.settings import LocalizeSettings
 
 
 def settings(method: str, **overrides) -> LocalizeSettings:
-  return LocalizeSettings(**{"task": "synthetic", "output_dir": "unused", "method": method, **overrides})
+  return LocalizeSettings.make(**{"task": "synthetic", "output_dir": "unused", "method": method, **overrides})
 
 
 def context(num_layers, num_heads, excluded=(), gradient=None, directory=None, objective=None,
@@ -18,7 +18,7 @@ def context(num_layers, num_heads, excluded=(), gradient=None, directory=None, o
   mask = np.zeros(num_layers * num_heads, bool)
   mask[list(excluded)] = True
   return Context(num_layers, num_heads, mask, (lambda: np.asarray(gradient)) if gradient is not None else None,
-                 objective, directory, (lambda: np.asarray(attribution)) if attribution is not None else None)
+                 objective, directory, (lambda steps: np.asarray(attribution)) if attribution is not None else None)
 
 
 @dataclasses.dataclass
@@ -53,20 +53,14 @@ def measure(masks: np.ndarray, metric_fns: dict) -> dict[str, np.ndarray]:
 
 def drive(plan, metric_fns: dict, num_layers: int, num_heads: int, metric: str = "accuracy",
           measured: Measured | None = None, stop_after: int | None = None) -> Measured:
-  """Measures what `plan` asks for until it is done (or `stop_after` masks are measured)."""
+  """Measures what `plan` asks for until it is done (or `stop_after` masks are measured), with the runner's loop."""
   baselines = {k: float(v[0]) for k, v in measure(np.zeros((1, num_layers, num_heads), bool), metric_fns).items()}
   if measured is None:
     measured = Measured(np.zeros((0, num_layers, num_heads), bool), {k: np.zeros(0) for k in metric_fns},
                         baselines, metric)
-  while (todo := plan.next_masks(measured)) is not None:
-    if stop_after is not None:
-      todo = todo[:max(stop_after - len(measured), 0)]
-      if not len(todo):
-        break
-    values = measure(todo, metric_fns)
-    measured = Measured(np.concatenate([measured.masks, todo]),
-                        {k: np.concatenate([measured.metrics[k], values[k]]) for k in metric_fns}, baselines, metric)
-  return measured
+  measured = Measured(measured.masks, dict(measured.metrics), measured.baselines, measured.metric)  # theirs intact
+  return methods.drive(plan, measured, lambda masks: measured.extend(masks, measure(masks, metric_fns)),
+                       limit=stop_after)
 
 
 def run(name: str, metric_fns: dict, num_layers: int, num_heads: int, ctx: Context | None = None, **overrides):
@@ -77,6 +71,3 @@ def run(name: str, metric_fns: dict, num_layers: int, num_heads: int, ctx: Conte
   measured = drive(plan, metric_fns, num_layers, num_heads, metric=s.metric or "accuracy")
   return plan, measured, plan.rank(measured)
 
-
-def replace(s, **changes):
-  return dataclasses.replace(s, **changes)

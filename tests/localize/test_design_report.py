@@ -9,9 +9,9 @@ from jaxloc.report.summary import summary_table
 def _run(tiny_model, tmp_path, **changes):
   from jaxloc.engine.engine import Engine
 
-  settings = LocalizeSettings(**{"model": "tiny", "task": "counting", "output_dir": str(tmp_path), "num_samples": 6,
-                                 "metric": "logprob", "general_tasks": [], "validate": False, "bootstrap": 0,
-                                 **changes})
+  settings = LocalizeSettings.make(**{"model": "tiny", "task": "counting", "output_dir": str(tmp_path),
+                                      "num_samples": 6, "metric": "logprob", "general_tasks": [], "validate": False,
+                                      "bootstrap": 0, **changes})
   return localize(Engine(tiny_model), settings, progress=False)
 
 

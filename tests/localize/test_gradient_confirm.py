@@ -58,7 +58,7 @@ def test_localize_with_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
   out = str(tmp_path / "run")
   settings = dict(model="tiny", task="counting", output_dir=out, method="gradient_confirm", num_masks=4,
                   num_samples=6, metric="logprob", validate=False)
-  heads = localize(engine, LocalizeSettings(**settings), progress=False)
+  heads = localize(engine, LocalizeSettings.make(**settings), progress=False)
   assert heads["num_evaluations"] == 4 + (heads["confirmation"] or {"masks": 0})["masks"] and heads["method"] == "gradient_confirm"
   gradient_change = np.load(os.path.join(out, "gradient.npy"))
   expected = np.argsort(gradient_change, kind="stable")[:4]
@@ -71,11 +71,11 @@ def test_localize_with_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
   with np.load(os.path.join(out, "measurements.npz")) as data:
     assert data["masks"].sum(axis=(1, 2)).tolist() == [1, 1, 1, 1]
   # Re-running resumes: nothing is measured again and the answer is the same.
-  again = localize(engine, LocalizeSettings(**settings), progress=False)
+  again = localize(engine, LocalizeSettings.make(**settings), progress=False)
   assert again["timing"]["measured_this_run"] == 0 and again["top_k"] == heads["top_k"]
   # Another number of confirmations is a different measurement plan: refused, naming the flag.
   from jaxloc.errors import UserError
 
   with pytest.raises(UserError, match="num_masks"):
-    localize(engine, LocalizeSettings(**dict(settings, num_masks=5)), progress=False)
+    localize(engine, LocalizeSettings.make(**dict(settings, num_masks=5)), progress=False)
   assert json.load(open(os.path.join(out, "heads.json")))["solver"]["measured_heads"] == 4

@@ -61,8 +61,8 @@ def test_localize_with_iterative_greedy_on_a_tiny_model(smollm2, tmp_path):
   engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
   settings = dict(model="tiny", task="counting", output_dir=str(tmp_path / "run"), method="greedy", top_k=2,
                   num_samples=6, metric="logprob", validate=False)
-  heads = localize(engine, LocalizeSettings(**settings), progress=False)
+  heads = localize(engine, LocalizeSettings.make(**settings), progress=False)
   n = heads["num_layers"] * heads["num_heads"]
   assert heads["num_evaluations"] == n + (n - 1) + (heads["confirmation"] or {"masks": 0})["masks"]
-  again = localize(engine, LocalizeSettings(**settings), progress=False)
+  again = localize(engine, LocalizeSettings.make(**settings), progress=False)
   assert again["timing"]["measured_this_run"] == 0 and again["top_k"] == heads["top_k"]

@@ -20,10 +20,10 @@ def test_a_whole_run_compiles_a_bounded_number_of_shapes(smollm2, tmp_path):
   compilations = {}
   for num_masks, top_k in [(10, 2), (37, 5), (300, 5), (64, 7)]:
     engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
-    settings = LocalizeSettings(model="tiny", task="counting", output_dir=str(tmp_path / f"{num_masks}-{top_k}"),
-                                num_masks=num_masks, ablation_rate=0.2, top_k=top_k, num_samples=6,
-                                metric="logprob", general_tasks=["plurals"], general_samples=6,
-                                universal_candidates=6)
+    settings = LocalizeSettings.make(model="tiny", task="counting", output_dir=str(tmp_path / f"{num_masks}-{top_k}"),
+                                     num_masks=num_masks, ablation_rate=0.2, top_k=top_k, num_samples=6,
+                                     metric="logprob", general_tasks=["plurals"], general_samples=6,
+                                     universal_candidates=6)
     heads = localize(engine, settings, progress=False)
     assert heads["num_evaluations"] == num_masks + (heads["confirmation"] or {"masks": 0})["masks"] and heads["engine"]["seconds_per_mask"] > 0
     compilations[num_masks, top_k] = heads["engine"]["compilations"]
@@ -46,7 +46,7 @@ def test_a_whole_run_compiles_a_bounded_number_of_shapes(smollm2, tmp_path):
     (dict(lasso_alpha="x"), "lasso_alpha"),
 ])
 def test_user_errors_are_found_before_any_model_loads(tmp_path, changes, message):
-  settings = LocalizeSettings(**{"task": "counting", "output_dir": str(tmp_path), **changes})
+  settings = LocalizeSettings.make(**{"task": "counting", "output_dir": str(tmp_path), **changes})
   with pytest.raises(UserError, match=message):
     load_tasks(settings)
 
@@ -59,10 +59,10 @@ def test_selection_universal_heads_and_confidence_follow_their_stated_rules(smol
   from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
-  settings = LocalizeSettings(model="tiny", task="counting", output_dir=str(tmp_path), method="one_shot_greedy",
-                              num_masks=12, num_samples=8, validation_samples=6, metric="logprob", top_k=3,
-                              general_tasks=["plurals", "induction"], general_samples=8, curve_k=4,
-                              universal_threshold=0.02, specific_max_general_drop=0.05, bootstrap=50)
+  settings = LocalizeSettings.make(model="tiny", task="counting", output_dir=str(tmp_path), method="one_shot_greedy",
+                                   num_masks=12, num_samples=8, validation_samples=6, metric="logprob", top_k=3,
+                                   general_tasks=["plurals", "induction"], general_samples=8, curve_k=4,
+                                   universal_threshold=0.02, specific_max_general_drop=0.05, bootstrap=50)
   heads = localize(engine, settings, progress=False)
   by_name = {h["name"]: h for h in heads["heads"]}
   for name in heads["top_k"]:
@@ -97,9 +97,10 @@ def test_a_learned_mask_run_trains_confirms_validates_and_reports_its_cost(smoll
   from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
-  settings = LocalizeSettings(model="tiny", task="counting", output_dir=str(tmp_path), method="learned_mask",
-                              num_masks=4, mask_steps=3, mask_batch_docs=4, num_samples=8, validation_samples=6,
-                              metric="logprob", top_k=2, general_tasks=["plurals"], general_samples=6, bootstrap=10)
+  settings = LocalizeSettings.make(model="tiny", task="counting", output_dir=str(tmp_path), method="learned_mask",
+                                   num_masks=4, mask_steps=3, mask_batch_docs=4, num_samples=8, validation_samples=6,
+                                   metric="logprob", top_k=2, general_tasks=["plurals"], general_samples=6,
+                                   bootstrap=10)
   heads = localize(engine, settings, progress=False)
   assert heads["num_evaluations"] == 4 + heads["confirmation"]["masks"] and heads["solver"]["configurations"] == 4
   assert heads["timing"]["training_seconds"] > 0 and heads["timing"]["training_mask_evaluations"] > 0

@@ -48,12 +48,12 @@ def test_specific_selection_skips_heads_that_hurt_or_were_never_measured_on_a_ge
   assert specificity.universal_candidates(effects, order, np.zeros(5, bool), 0.3, 2, 10) == [0]
 
 
-@pytest.mark.parametrize("method", ["cs_stratified", "one_shot_greedy", "greedy"])
-def test_every_method_estimates_each_task_from_the_same_masks(method):
+@pytest.mark.parametrize("method,options", [("cs_stratified", dict(ablation_rate=0.25, lasso_alpha="0.001")),
+                                            ("one_shot_greedy", {}), ("greedy", {})])
+def test_every_method_estimates_each_task_from_the_same_masks(method, options):
   """The target's top head is shared with the general task: the estimates flag it as universal and the
   specific selection puts the target-only head first."""
-  plan, measured, ranking = run(method, {"accuracy": target}, L, H, num_masks=120, ablation_rate=0.25,
-                                lasso_alpha="0.001", top_k=2)
+  plan, measured, ranking = run(method, {"accuracy": target}, L, H, num_masks=120, top_k=2, **options)
   on_general = Measured(measured.masks, {"accuracy": general(measured.flat())}, {"accuracy": 1.0}, "accuracy")
   effects = specificity.Effects(["target", "general"], np.stack([
       specificity.relative_drops(ranking, 1.0),

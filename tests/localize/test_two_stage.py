@@ -69,7 +69,7 @@ def test_localize_with_two_stage_on_a_tiny_model(smollm2, tmp_path):
   out = str(tmp_path / "run")
   settings = dict(model="tiny", task="counting", output_dir=out, method="two_stage", num_masks=10,
                   ablation_rate=0.2, num_samples=6, metric="logprob", validate=False, selection="raw")
-  heads = localize(engine, LocalizeSettings(**settings), progress=False)
+  heads = localize(engine, LocalizeSettings.make(**settings), progress=False)
   assert heads["num_evaluations"] == 10 and heads["method"] == "two_stage"  # raw: nothing to confirm
   assert heads["solver"]["screen_masks"] == 5 and heads["solver"]["confirmed_heads"] == 5
   assert "lasso_alpha" in heads["solver"]["screen_solver"]
@@ -85,8 +85,8 @@ def test_localize_with_two_stage_on_a_tiny_model(smollm2, tmp_path):
   assert top == sorted(top) and {h["name"] for h in heads["heads"][:5]} == {
       f"L{h // heads['num_heads']}H{h % heads['num_heads']}" for h in confirmed}
   # Re-running resumes: nothing is measured again and the answer is the same.
-  again = localize(engine, LocalizeSettings(**settings), progress=False)
+  again = localize(engine, LocalizeSettings.make(**settings), progress=False)
   assert again["timing"]["measured_this_run"] == 0 and again["top_k"] == heads["top_k"]
   with pytest.raises(UserError, match="screen_fraction"):
-    localize(engine, LocalizeSettings(**dict(settings, screen_fraction=0.3)), progress=False)
+    localize(engine, LocalizeSettings.make(**dict(settings, screen_fraction=0.3)), progress=False)
   assert json.load(open(os.path.join(out, "heads.json")))["solver"]["confirmed_heads"] == 5

@@ -1,16 +1,25 @@
-"""The protocol every localization method follows, the measurements it sees, and the ranking rule.
+"""The protocol every localization method follows, the measurements it sees, the loop that measures a plan, and
+the ranking rule.
 
 Axes: `masks` M, `layers` L, `heads` H; N = L * H heads flattened row-major (flat = layer * H + head).
 Masks are bool (True = ablated); metrics are task scores under each mask (higher = better).
 
-A `Method` is registered once (`methods/__init__.py`). For a run it
+A `Method` (subclass it; register an instance once with `methods.register`) is one file. It declares
+  - its own settings dataclass (`settings_class`, fields made with `settings.setting`, a `flag_prefix`): the
+    registry turns them into flags and keywords, and a run holds them as `settings.method_settings`;
+  - the run-wide settings it reads and what they mean for it (`run_settings`, e.g. --num_masks: "design masks"),
+  - what it needs from the run (`needs`, empty by default: the mask gradient, the relaxed objective, the
+    attribution, a scored target, scored general tasks) and the units it localizes (`units`);
+and for a run it
   - checks its settings (`check`, before any model loads),
-  - names the settings its saved measurements depend on (`measurement_settings`; a resume must match),
+  - names the settings its saved measurements depend on (`measurement_settings`; a resume must match): by default
+    the run-wide settings it reads and its own fields marked `measured`,
   - makes a `Plan` (`plan(settings, context)`): what to measure next given what is measured
-    (`next_masks`, None when done), and how to rank every head from the measurements (`rank`).
-The runner (`localize/run.py`) and the efficiency benchmark (`bench/sweep.py`) drive plans the same
-way and never ask which method they hold. Every plan is resumable: given saved measurements it
-continues where they end (its masks are a function of the settings and the measured scores).
+    (`next_masks`, None when done), and how to rank every head from the measurements (`rank`),
+  - makes the plan a bootstrap re-estimates with (`bootstrap_plan`; by default the same plan).
+The runner (`localize/run.py`) and the efficiency benchmark (`bench/sweep.py`) drive plans with the same `drive`
+and never ask which method they hold. Every plan is resumable: given saved measurements it continues where they
+end (its masks are a function of the settings and the measured scores).
 
 Ranking rule (every method): heads are ordered by their value, most negative first (the Lasso
 coefficient, or the measured score change when ablated alone). Exact ties, including the heads a Lasso
@@ -25,12 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Protocol
+import types
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
 from jaxloc import files
 from jaxloc.errors import UserError
+from jaxloc.localize.settings import flag_values
 
 
 @dataclasses.dataclass
@@ -60,6 +71,12 @@ class Measured:
   def changes(self) -> list[np.ndarray]:
     """Score change from the baseline under each mask, one [M] array per metric in `metric_order`."""
     return [self.metrics[m] - self.baselines.get(m, 0.0) for m in self.metric_order]
+
+  def extend(self, masks: np.ndarray, metrics: dict[str, np.ndarray]) -> None:
+    """Adds masks [m, L, H] and their metrics, name -> float [m] (measurements kept in memory: benchmarks, tests;
+    a run's `MeasurementStore` appends per document and saves)."""
+    self.masks = np.concatenate([self.masks, np.asarray(masks, bool)])
+    self.metrics = {k: np.concatenate([v, np.asarray(metrics[k], np.float64)]) for k, v in self.metrics.items()}
 
   def rows(self, where) -> "Measured":
     """The measurements of the masks selected by `where` (a slice or an index array)."""
@@ -114,20 +131,54 @@ class Plan(Protocol):
     from the part of its design that does not."""
 
 
-class Method(Protocol):
+# What a method may need from the run (`Method.needs`); the runner and the benchmark provide or refuse by these.
+GRADIENT = "gradient"  # the mask gradient (`Context.first_order_change`): one backward pass before measuring
+OBJECTIVE = "objective"  # every task's relaxed objective (`Context.objective`), trained on before measuring
+ATTRIBUTION = "attribution"  # integrated gradients over the target's documents (`Context.document_attribution`)
+SCORED_TARGET = "scored target"  # a target scored by log-likelihood (it is differentiated), not generated
+SCORED_GENERAL_TASKS = "scored general tasks"  # general tasks scored by log-likelihood too
+NEEDS = (GRADIENT, OBJECTIVE, ATTRIBUTION, SCORED_TARGET, SCORED_GENERAL_TASKS)
+
+
+@dataclasses.dataclass
+class NoSettings:
+  """The settings of a method that has none of its own (it reads run-wide settings only)."""
+
+
+class Method:
+  """The base of every method; see the module docstring. A subclass sets `name` and `units` and implements `plan`;
+  the rest has defaults for a method that declares nothing more."""
+
   name: str
-  uses_gradient: bool  # pays one backward pass (the mask gradient) before measuring
-  uses_objective: bool  # trains on every task's relaxed objective (`Context.objective`) before measuring
-  uses_attribution: bool  # pays integrated gradients over the target's documents (`Context.attribution`)
   units: tuple[str, ...]  # what it localizes: "heads", "neurons"
+  settings_class: type = NoSettings
+  needs: frozenset[str] = frozenset()  # from NEEDS
+  # The run-wide settings (LocalizeSettings fields) it reads, each with what it means for this method (shown in
+  # that flag's help); its saved measurements depend on them.
+  run_settings: Mapping[str, str] = types.MappingProxyType({})
+  # Its variants in the efficiency benchmark's default set (`bench.sweep.parse_variant` tokens after the name, ""
+  # for the method at its defaults; "{cap}" is the budget cap the benchmark gives costly variants).
+  efficiency_variants: tuple[str, ...] = ()
 
   def check(self, settings) -> None:
-    """UserError naming the flag if this method cannot run with `settings`."""
+    """UserError naming the flag if this method cannot run with `settings` (bounds are checked already)."""
+    del settings
 
   def measurement_settings(self, settings) -> dict[str, Any]:
-    """The method's own settings that its saved measurements depend on."""
+    """The settings its saved measurements depend on, by flag name: the run-wide ones it reads, and its own fields
+    marked `measured`."""
+    return {**{k: getattr(settings, k) for k in self.run_settings},
+            **flag_values(settings.method_settings, measured_only=True)}
 
-  def plan(self, settings, context: "Context") -> Plan: ...
+  def plan(self, settings, context: "Context") -> Plan:
+    """The run's plan: `settings` is the LocalizeSettings (its `method_settings` an instance of `settings_class`),
+    `context` what the run provides."""
+    raise NotImplementedError
+
+  def bootstrap_plan(self, settings, context: "Context", ranking: Ranking) -> Plan:
+    """The plan a bootstrap re-estimates with, given the run's `ranking`: the run's own plan."""
+    del ranking
+    return self.plan(settings, context)
 
 
 class RelaxedObjective(Protocol):
@@ -151,7 +202,8 @@ class Context:
   layout, [layers, units], whatever the unit).
   gradient: () -> float [N], the first-order score change of ablating each head (-d score / d keep).
   objective: the tasks' relaxed objective (`RelaxedObjective`), for methods that train a mask.
-  attribution: () -> float [docs, N], each target document's integrated-gradients attribution of every unit.
+  attribution: (steps) -> float [docs, N], each target document's integrated-gradients attribution of every unit
+    along `steps` points of the 0 -> activation path.
   directory: where `remember` keeps arrays across runs (None: in memory, for benchmarks and tests).
   """
 
@@ -161,7 +213,7 @@ class Context:
   gradient: Callable[[], np.ndarray] | None = None
   objective: RelaxedObjective | None = None
   directory: str | None = None
-  attribution: Callable[[], np.ndarray] | None = None
+  attribution: Callable[[int], np.ndarray] | None = None
   _memory: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
   @property
@@ -176,11 +228,13 @@ class Context:
       raise ValueError("this run provides no mask gradient")
     return np.asarray(self.remember("gradient", self.gradient), np.float64).reshape(-1)
 
-  def document_attribution(self) -> np.ndarray:
-    """float [docs, N] (`attribution`), computed once per run directory."""
+  def document_attribution(self, steps: int) -> np.ndarray:
+    """float [docs, N] (`attribution` with `steps` integration points), computed once per run directory (a resume
+    with other steps is refused by the method's measurement settings)."""
     if self.attribution is None:
       raise ValueError("this run provides no attribution")
-    return np.asarray(self.remember("attribution", self.attribution), np.float64)
+    attribution = self.attribution
+    return np.asarray(self.remember("attribution", lambda: attribution(steps)), np.float64)
 
   def remember(self, name: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
     """compute() once per run directory (saved as <name>.npy), or once per Context in memory."""
@@ -256,6 +310,23 @@ def single_head_ranking(measured: Measured, screen_order: np.ndarray) -> Ranking
                                  "unmeasured_value": "0 (not measured)"}, known)
 
 
+def drive(plan: Plan, measured: Measured, measure: Callable[[np.ndarray], Any], *, chunk: int | None = None,
+          limit: int | None = None) -> Measured:
+  """Measures what `plan` asks for until it is done: `measure(masks)` scores masks [m, L, H] and adds them to
+  `measured`, which the plan reads to decide what comes next (the runner's stores, saved after every batch; a
+  benchmark's or a test's in-memory `Measured`). `chunk`: at most this many masks per `measure` call (a run scores
+  every task on one chunk before the next); `limit`: stop once this many masks are measured (a run cut short)."""
+  while (todo := plan.next_masks(measured)) is not None:
+    if limit is not None:
+      todo = todo[:max(limit - len(measured), 0)]
+      if not len(todo):
+        break
+    step = chunk or len(todo)
+    for start in range(0, len(todo), step):
+      measure(todo[start:start + step])
+  return measured
+
+
 @dataclasses.dataclass
 class FixedDesignPlan:
   """Measures a design fixed in advance, then ranks with `ranker(measured)`."""
@@ -277,15 +348,22 @@ class FixedDesignPlan:
     return self.ranker(measured)
 
 
-def confirmation_plan(screen: np.ndarray, count: int, context: Context, facts: dict[str, Any]) -> FixedDesignPlan:
-  """Ablates the `count` best heads of `screen` (a ranking of every head) one at a time, excluded heads skipped;
-  ranks by the measured changes, the other heads in screen order (`single_head_ranking`), with `facts` added."""
-  candidates = [h for h in screen if not context.excluded[h]][:count]
-  masks = single_head_masks(candidates, context.num_layers, context.num_heads)
+def single_head_plan(heads, screen: np.ndarray, context: Context, facts: dict[str, Any] | None = None
+                     ) -> FixedDesignPlan:
+  """Ablates `heads` one at a time, in that order; ranks by the measured changes, the other heads in `screen` order
+  (a ranking of every head; `single_head_ranking`), with `facts` added. Every head in flat order is the efficiency
+  benchmark's ground truth."""
+  masks = single_head_masks(heads, context.num_layers, context.num_heads)
 
   def rank(measured: Measured) -> Ranking:
     ranking = single_head_ranking(measured, screen)
-    ranking.facts.update(facts)
+    ranking.facts.update(facts or {})
     return ranking
 
   return FixedDesignPlan(masks, rank)
+
+
+def confirmation_plan(screen: np.ndarray, count: int, context: Context, facts: dict[str, Any]) -> FixedDesignPlan:
+  """Ablates the `count` best heads of `screen` (a ranking of every head) one at a time, excluded heads skipped;
+  ranks by the measured changes, the other heads in screen order, with `facts` added."""
+  return single_head_plan([h for h in screen if not context.excluded[h]][:count], screen, context, facts)

@@ -19,12 +19,24 @@ Axes: `docs` D, N = layers × neurons flattened (flat = layer * F + index).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from jaxloc.errors import UserError
-from jaxloc.localize.methods.base import Context, Measured, Ranking, rank_by
+from jaxloc.localize.methods.base import ATTRIBUTION, SCORED_TARGET, Context, Measured, Method, Ranking, rank_by
+from jaxloc.localize.settings import setting
+
+
+@dataclasses.dataclass
+class CommonalitySettings:
+  flag_prefix: ClassVar[str] = "cnl_"
+
+  steps: int = setting(20, "Integrated-gradients steps along the 0 -> activation path.", lower=1, measured=True)
+  threshold: float = setting(0.2, "A document selects the neurons whose attribution is above this fraction of its "
+                             "largest attribution.", lower=1e-6, upper=1.0)
+  commonality: float = setting(0.4, "Commonality neurons are those selected by at least this fraction of the "
+                               "documents.", lower=1e-6, upper=1.0)
 
 
 def commonality(attribution: np.ndarray, threshold: float, commonality_rate: float
@@ -69,17 +81,17 @@ class CommonalityPlan:
 
   def rank(self, measured: Measured) -> Ranking:
     del measured  # cnl ranks from the attributions alone
-    s, c = self.settings, self.context
-    attribution = c.document_attribution()
-    frequency, relative, located = commonality(attribution, s.cnl_threshold, s.cnl_commonality)
+    s, c = self.settings.method_settings, self.context
+    attribution = c.document_attribution(s.steps)
+    frequency, relative, located = commonality(attribution, s.threshold, s.commonality)
     order = rank_by(c.excluded, -frequency, -relative)
     facts = {"value": "minus the fraction of documents whose attribution selects the neuron",
-             "integrated_gradient_steps": s.cnl_steps, "threshold": s.cnl_threshold,
-             "commonality": s.cnl_commonality, "documents": int(len(attribution)),
+             "integrated_gradient_steps": s.steps, "threshold": s.threshold,
+             "commonality": s.commonality, "documents": int(len(attribution)),
              "located_neurons": int(located.sum()), "located_fraction_of_neurons": float(located.mean()),
-             "neurons_per_document": float((attribution > s.cnl_threshold * attribution.max(1, keepdims=True)).sum(1)
+             "neurons_per_document": float((attribution > s.threshold * attribution.max(1, keepdims=True)).sum(1)
                                            .mean()),
-             **overlap(attribution, s.cnl_threshold, s.cnl_commonality, s.seed)}
+             **overlap(attribution, s.threshold, s.commonality, self.settings.seed)}
     return Ranking(order, -frequency, facts)
 
   def estimate(self, measured: Measured) -> Ranking:
@@ -90,18 +102,11 @@ class CommonalityPlan:
 
 
 @dataclasses.dataclass(frozen=True)
-class CommonalityNeurons:
+class CommonalityNeurons(Method):
   name: str = "cnl"
-  uses_gradient: bool = False
-  uses_objective: bool = False
-  uses_attribution: bool = True
-  units: tuple[str, ...] = ("neurons",)
-
-  def check(self, settings) -> None:
-    del settings  # the unit is checked with every method's; the thresholds by their bounds
-
-  def measurement_settings(self, settings) -> dict[str, Any]:
-    return {"cnl_steps": settings.cnl_steps}
+  units = ("neurons",)
+  needs = frozenset({ATTRIBUTION, SCORED_TARGET})
+  settings_class = CommonalitySettings
 
   def plan(self, settings, context: Context) -> CommonalityPlan:
     return CommonalityPlan(settings, context)

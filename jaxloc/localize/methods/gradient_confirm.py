@@ -5,24 +5,19 @@ the others follow in gradient order. Needs a teacher-forced (log-likelihood) tas
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import types
 
-from jaxloc.localize.methods.base import Context, FixedDesignPlan, confirmation_plan, rank_by
+from jaxloc.localize.methods.base import (GRADIENT, SCORED_TARGET, Context, FixedDesignPlan, Method,
+                                          confirmation_plan, rank_by)
 
 
 @dataclasses.dataclass(frozen=True)
-class GradientConfirm:
+class GradientConfirm(Method):
   name: str = "gradient_confirm"
-  uses_gradient: bool = True
-  uses_objective: bool = False
-  uses_attribution: bool = False
-  units: tuple[str, ...] = ("heads", "neurons")
-
-  def check(self, settings) -> None:
-    del settings  # any --num_masks ≥ 1 (heads confirmed) works; the task kind is checked when it is loaded
-
-  def measurement_settings(self, settings) -> dict[str, Any]:
-    return {"num_masks": settings.num_masks}
+  units = ("heads", "neurons")
+  needs = frozenset({GRADIENT, SCORED_TARGET})
+  run_settings = types.MappingProxyType({"num_masks": "heads confirmed by ablation, best by the gradient first"})
+  efficiency_variants = ("",)
 
   def plan(self, settings, context: Context) -> FixedDesignPlan:
     # Excluded heads go last; among the rest, the screen's order is the gradient's.

@@ -4,29 +4,25 @@ keeping the head whose ablation, on top of the heads kept so far, hurts most).""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import types
 
 import numpy as np
 
-from jaxloc.errors import UserError
-from jaxloc.localize.methods.base import (Context, FixedDesignPlan, Measured, Ranking, check_prefix, rank_by,
-                                          single_head_masks, single_head_ranking)
+from jaxloc.localize.methods.base import (Context, FixedDesignPlan, Measured, Method, Ranking, check_prefix, rank_by,
+                                          single_head_plan, single_head_ranking)
 
 
 @dataclasses.dataclass(frozen=True)
-class OneShotGreedy:
+class OneShotGreedy(Method):
   """Each head ablated alone; ranked by the score change. With --num_masks below the number of heads, a
   seeded random subset of that many heads (what a smaller budget buys); the rest follow unranked, in
   the subset's random order."""
 
   name: str = "one_shot_greedy"
-  uses_gradient: bool = False
-  uses_objective: bool = False
-  uses_attribution: bool = False
-  units: tuple[str, ...] = ("heads", "neurons")
-
-  def check(self, settings) -> None:
-    del settings  # any --num_masks ≥ 1 works
+  units = ("heads", "neurons")
+  run_settings = types.MappingProxyType({"num_masks": "heads ablated alone (a seeded random subset when fewer than "
+                                                      "all)"})
+  efficiency_variants = ("",)
 
   @staticmethod
   def _heads(settings, context: Context) -> tuple[np.ndarray, np.ndarray]:
@@ -40,13 +36,8 @@ class OneShotGreedy:
     chosen_set = set(chosen)
     return np.asarray(chosen, np.int64), np.asarray(chosen + [h for h in permutation if h not in chosen_set])
 
-  def measurement_settings(self, settings) -> dict[str, Any]:
-    return {"num_masks": settings.num_masks}
-
   def plan(self, settings, context: Context) -> FixedDesignPlan:
-    heads, screen = self._heads(settings, context)
-    masks = single_head_masks(heads, context.num_layers, context.num_heads)
-    return FixedDesignPlan(masks, lambda measured: single_head_ranking(measured, screen))
+    return single_head_plan(*self._heads(settings, context), context)
 
 
 @dataclasses.dataclass
@@ -123,21 +114,12 @@ class IterativeGreedyPlan:
 
 
 @dataclasses.dataclass(frozen=True)
-class IterativeGreedy:
+class IterativeGreedy(Method):
   """`greedy`: --top_k rounds of iterative greedy (about top_k × N evaluations)."""
 
   name: str = "greedy"
-  uses_gradient: bool = False
-  uses_objective: bool = False
-  uses_attribution: bool = False
-  units: tuple[str, ...] = ("heads",)
-
-  def check(self, settings) -> None:
-    if settings.top_k < 1:
-      raise UserError(f"iterative greedy needs --top_k ≥ 1 rounds, got {settings.top_k}")
-
-  def measurement_settings(self, settings) -> dict[str, Any]:
-    return {"top_k": settings.top_k}
+  units = ("heads",)
+  run_settings = types.MappingProxyType({"top_k": "also its rounds (about top_k × N evaluations)"})
 
   def plan(self, settings, context: Context) -> IterativeGreedyPlan:
     return IterativeGreedyPlan(context, settings.top_k)

@@ -20,9 +20,9 @@ Documents and gate noise are fixed by (--seed, step), so a run killed mid-traini
 (`learned_mask_state.npz`, every CHECKPOINT_EVERY steps) to the same gates.
 
 Screen: heads ordered by their ablation probability averaged over configurations (a head every restart and
-strength ablates comes first), ties by the mean log_alpha. Confirmation and ranking as gradient_confirm: the
---num_masks best screened heads are ablated one at a time; ranked by the measured change (base's rule), the
-others follow in screen order (`base.confirmation_plan`, shared with gradient_confirm). Cost: the training's
+strength ablates comes first), ties by the mean log_alpha. Confirmation and ranking as for the gradient's screen:
+the --num_masks best screened heads are ablated one at a time; ranked by the measured change (base's rule), the
+others follow in screen order (`base.confirmation_plan`, shared with it). Cost: the training's
 forward+backward passes, reported in seconds and converted to mask evaluations by the run; the per-step losses
 stay in the checkpoint.
 """
@@ -33,7 +33,8 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any
+import types
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +45,9 @@ from tqdm import tqdm
 from jaxloc import files
 from jaxloc.errors import UserError
 from jaxloc.heads import head_name
-from jaxloc.localize.methods.base import Context, FixedDesignPlan, confirmation_plan, rank_by
+from jaxloc.localize.methods.base import (OBJECTIVE, SCORED_GENERAL_TASKS, SCORED_TARGET, Context, FixedDesignPlan,
+                                          Method, confirmation_plan, rank_by)
+from jaxloc.localize.settings import setting
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,24 @@ INIT_LOG_ALPHA = -4.0
 INIT_SPREAD = 0.5  # sd of the restarts' initial logits around INIT_LOG_ALPHA
 CHECKPOINT_EVERY = 5
 STATE_FILE = "learned_mask_state.npz"
+
+
+@dataclasses.dataclass
+class LearnedMaskSettings:
+  """The gate training (flags --mask_steps, --mask_l0, ...); every field changes the gates, so the measurements."""
+
+  flag_prefix: ClassVar[str] = "mask_"
+
+  steps: int = setting(60, "Adam steps of the gate training.", lower=1, measured=True)
+  restarts: int = setting(2, "Restarts (different initial gates and noise) per L0 strength.", lower=1, measured=True)
+  l0: list = setting([0.005, 0.02], "L0 penalty strengths (cost of each expected ablated head against the target's "
+                     "retained probability in [0, 1]); every restart x strength is one configuration, all trained "
+                     "together.", element=float, measured=True)
+  general_weight: float = setting(1.0, "Weight of the general tasks' lost probability in the loss.", lower=0.0,
+                                  measured=True)
+  learning_rate: float = setting(1.0, "Adam's initial learning rate on the gate logits (cosine-decayed to 0).",
+                                 lower=1e-9, measured=True)
+  batch_docs: int = setting(16, "Documents per task in each training step.", lower=1, measured=True)
 
 
 def ablation_probability(log_alpha):
@@ -82,10 +103,10 @@ def deterministic_ablation(log_alpha):
   return jnp.clip(jax.nn.sigmoid(log_alpha) * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
 
 
-def configurations(settings) -> tuple[np.ndarray, np.ndarray]:
+def configurations(options: LearnedMaskSettings) -> tuple[np.ndarray, np.ndarray]:
   """(restart index int [C], L0 strength float [C]) of every configuration."""
-  restarts = np.repeat(np.arange(settings.mask_restarts), len(settings.mask_l0))
-  return restarts, np.tile(np.asarray(settings.mask_l0, np.float64), settings.mask_restarts)
+  restarts = np.repeat(np.arange(options.restarts), len(options.l0))
+  return restarts, np.tile(np.asarray(options.l0, np.float64), options.restarts)
 
 
 def minibatch(num_docs: int, size: int, seed: int, step: int, task: int) -> np.ndarray:
@@ -100,16 +121,17 @@ def train(settings, context: Context, progress: bool = True) -> dict[str, np.nda
   objective = context.objective
   if objective is None:
     raise ValueError("this run provides no relaxed objective to train a mask on")
-  restarts, l0 = configurations(settings)
+  options = settings.method_settings
+  restarts, l0 = configurations(options)
   num_configs, n = len(l0), context.num_total
   active = jnp.asarray(~context.excluded, jnp.float32)
-  schedule = optax.cosine_decay_schedule(settings.mask_learning_rate, settings.mask_steps)
+  schedule = optax.cosine_decay_schedule(options.learning_rate, options.steps)
   optimizer = optax.adam(schedule)
   init_rng = np.random.default_rng(settings.seed)
-  spread = init_rng.normal(0.0, INIT_SPREAD, (settings.mask_restarts, n))
+  spread = init_rng.normal(0.0, INIT_SPREAD, (options.restarts, n))
   log_alpha = jnp.asarray(INIT_LOG_ALPHA + spread[restarts], jnp.float32)
   state = optimizer.init(log_alpha)
-  losses = np.zeros((settings.mask_steps, num_configs))
+  losses = np.zeros((options.steps, num_configs))
   start_step, seconds = 0, 0.0
   path = os.path.join(context.directory, STATE_FILE) if context.directory else None
   saved = files.read_arrays(path) if path else None
@@ -121,7 +143,7 @@ def train(settings, context: Context, progress: bool = True) -> dict[str, np.nda
                                                               for i in range(len(leaves))])
     start_step, seconds = int(saved["step"]), float(saved["seconds"])
     losses[:start_step] = saved["losses"][:start_step]
-    log.info("learned_mask: resuming training at step %d of %d", start_step, settings.mask_steps)
+    log.info("learned_mask: resuming training at step %d of %d", start_step, options.steps)
 
   def checkpoint(step: int) -> None:
     if path:
@@ -146,21 +168,21 @@ def train(settings, context: Context, progress: bool = True) -> dict[str, np.nda
     return la, state, jnp.sum(ablation_probability(la) * active, axis=1)
 
   key = jax.random.PRNGKey(settings.seed)
-  bar = tqdm(total=settings.mask_steps, initial=start_step, desc="training gates", unit="step", disable=not progress,
+  bar = tqdm(total=options.steps, initial=start_step, desc="training gates", unit="step", disable=not progress,
              dynamic_ncols=True)
   try:
-    for step in range(start_step, settings.mask_steps):
+    for step in range(start_step, options.steps):
       t = time.perf_counter()
       step_key = jax.random.fold_in(key, step)
       keep = 1.0 - np.asarray(sample(log_alpha, step_key), np.float32)
-      docs = [minibatch(size, settings.mask_batch_docs, settings.seed, step, t_) for t_, size in
+      docs = [minibatch(size, options.batch_docs, settings.seed, step, t_) for t_, size in
               enumerate(objective.num_docs)]
       values, grads = objective(keep.reshape(num_configs, context.num_layers, context.num_heads), docs)
       d_keep = grads[0]  # [T, C], [T, C, L, H]: d retained / d keep
       general_lost = np.zeros(num_configs)
       if len(values) > 1:
-        general_lost = settings.mask_general_weight * (1.0 - values[1:]).mean(axis=0)
-        d_keep = d_keep - settings.mask_general_weight * grads[1:].mean(axis=0)
+        general_lost = options.general_weight * (1.0 - values[1:]).mean(axis=0)
+        d_keep = d_keep - options.general_weight * grads[1:].mean(axis=0)
       # keep = 1 - a, so d loss / d a = -d loss / d keep.
       log_alpha, state, expected = update(log_alpha, state, step_key,
                                           jnp.asarray(-d_keep.reshape(num_configs, n), jnp.float32))
@@ -169,7 +191,7 @@ def train(settings, context: Context, progress: bool = True) -> dict[str, np.nda
       seconds += time.perf_counter() - t
       bar.update(1)
       bar.set_postfix(target=f"{values[0].mean():.3f}", heads=f"{expected.mean():.1f}")
-      if (step + 1) % CHECKPOINT_EVERY == 0 or step + 1 == settings.mask_steps:
+      if (step + 1) % CHECKPOINT_EVERY == 0 or step + 1 == options.steps:
         checkpoint(step + 1)
   finally:
     bar.close()
@@ -184,30 +206,28 @@ def screen_order(log_alpha: np.ndarray, excluded: np.ndarray) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class LearnedMask:
+class LearnedMask(Method):
   name: str = "learned_mask"
-  uses_gradient: bool = False
-  uses_objective: bool = True
-  uses_attribution: bool = False
-  units: tuple[str, ...] = ("heads",)
+  units = ("heads",)
+  needs = frozenset({OBJECTIVE, SCORED_TARGET, SCORED_GENERAL_TASKS})
+  settings_class = LearnedMaskSettings
+  run_settings = types.MappingProxyType({"num_masks": "heads confirmed by ablation, most often gated first"})
 
   def check(self, settings) -> None:
-    if not settings.mask_l0:
+    l0 = settings.method_settings.l0
+    if not l0:
       raise UserError("--mask_l0 must name at least one L0 penalty strength")
-    if any(v < 0 for v in settings.mask_l0):
-      raise UserError(f"--mask_l0={list(settings.mask_l0)} must be ≥ 0")
-
-  def measurement_settings(self, settings) -> dict[str, Any]:
-    return {"num_masks": settings.num_masks, **{k: getattr(settings, k) for k in (
-        "mask_steps", "mask_restarts", "mask_l0", "mask_general_weight", "mask_learning_rate", "mask_batch_docs")}}
+    if any(v < 0 for v in l0):
+      raise UserError(f"--mask_l0={list(l0)} must be ≥ 0")
 
   def plan(self, settings, context: Context) -> FixedDesignPlan:
+    options = settings.method_settings
     log_alpha = context.remember("learned_log_alpha", lambda: train(settings, context)["log_alpha"])
     ablation = np.asarray(deterministic_ablation(jnp.asarray(log_alpha)))
     facts = {"screen": "hard-concrete gates trained on the target's and general tasks' retained probability",
-             "configurations": int(len(log_alpha)), "steps": settings.mask_steps,
+             "configurations": int(len(log_alpha)), "steps": options.steps,
              "hard_gate_fraction": float(np.mean((ablation == 0) | (ablation == 1))),
              "learned_sets": {f"restart {r} l0 {v:g}": [head_name(*divmod(int(h), context.num_heads))
                                                            for h in np.flatnonzero(row > 0.5)]
-                              for r, v, row in zip(*configurations(settings), ablation)}}
+                              for r, v, row in zip(*configurations(options), ablation)}}
     return confirmation_plan(screen_order(log_alpha, context.excluded), settings.num_masks, context, facts)

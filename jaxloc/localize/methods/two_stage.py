@@ -6,25 +6,38 @@ generation tasks.
 The screen's candidates come from the full screen ranking (base's rule): when the Lasso leaves fewer
 negative coefficients than there are confirmation slots, the remaining slots go to the heads with the
 most negative marginal effect in the screen design, never to heads in index order.
+
+Settings: --screen_fraction (prefix "screen_") and the screen's design and Lasso, compressed sensing's
+(`DesignSettings`: --ablation_rate, --lasso_alpha, ...).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import types
+from typing import Any, ClassVar
 
 import numpy as np
 
-from jaxloc.errors import UserError
 from jaxloc.localize import designs
-from jaxloc.localize.methods.base import (Context, Measured, Ranking, check_prefix, remaining, single_head_masks,
-                                          single_head_ranking)
-from jaxloc.localize.methods.compressed_sensing import check_design_settings, design_order, lasso
+from jaxloc.localize.methods.base import (Context, Measured, Method, Ranking, check_prefix, remaining,
+                                          single_head_masks, single_head_ranking)
+from jaxloc.localize.methods.compressed_sensing import DesignSettings, check_design_settings, design_order, lasso
+from jaxloc.localize.settings import nested, setting
 
 
 def screen_size(num_masks: int, screen_fraction: float) -> int:
   """Masks of the screen out of a budget of num_masks (the rest confirm single heads)."""
   return min(max(2, int(round(screen_fraction * num_masks))), num_masks - 1)
+
+
+@dataclasses.dataclass
+class TwoStageSettings:
+  flag_prefix: ClassVar[str] = "screen_"
+
+  fraction: float = setting(0.5, "Fraction of --num_masks spent on the compressed-sensing screen; the rest ablate "
+                            "the screen's top heads one at a time.", lower=1e-6, upper=1 - 1e-6, measured=True)
+  design: DesignSettings = nested(DesignSettings)
 
 
 @dataclasses.dataclass
@@ -42,7 +55,8 @@ class TwoStagePlan:
     screen = measured.rows(slice(0, len(self.screen)))
 
     def solve():
-      coef, self.screen_facts = lasso(self.settings, screen.masks, screen.scores, screen.metric)
+      coef, self.screen_facts = lasso(self.settings.method_settings.design, self.settings.seed, screen.masks,
+                                      screen.scores, screen.metric)
       return coef
 
     return design_order(screen, self.context.remember("screen_coefficients", solve))
@@ -75,24 +89,20 @@ class TwoStagePlan:
 
 
 @dataclasses.dataclass(frozen=True)
-class TwoStage:
+class TwoStage(Method):
   name: str = "two_stage"
-  uses_gradient: bool = False
-  uses_objective: bool = False
-  uses_attribution: bool = False
-  units: tuple[str, ...] = ("heads",)
+  units = ("heads",)
+  settings_class = TwoStageSettings
+  run_settings = types.MappingProxyType({"num_masks": "screen masks plus single-head confirmations"})
+  efficiency_variants = ("", "logprob")
 
   def check(self, settings) -> None:
-    check_design_settings(settings, 3)  # a screen of ≥ 2 masks and ≥ 1 confirmation
-    if not 0 < settings.screen_fraction < 1:
-      raise UserError(f"--screen_fraction={settings.screen_fraction} must be in (0, 1)")
-
-  def measurement_settings(self, settings) -> dict[str, Any]:
-    return {"num_masks": settings.num_masks, "ablation_rate": settings.ablation_rate,
-            "screen_fraction": settings.screen_fraction}
+    check_design_settings(settings, settings.method_settings.design, 3)  # a screen of ≥ 2 masks, ≥ 1 confirmation
 
   def plan(self, settings, context: Context) -> TwoStagePlan:
-    size = screen_size(settings.num_masks, settings.screen_fraction)
+    options = settings.method_settings
+    size = screen_size(settings.num_masks, options.fraction)
     screen = designs.make_design("stratified", context.num_layers, context.num_heads, num_masks=size,
-                                 ablation_rate=settings.ablation_rate, seed=settings.seed, exclude=context.excluded)
+                                 ablation_rate=options.design.ablation_rate, seed=settings.seed,
+                                 exclude=context.excluded)
     return TwoStagePlan(settings, context, screen, min(settings.num_masks - size, len(context.active_heads())))

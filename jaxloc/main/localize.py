@@ -1,0 +1,64 @@
+"""Find the attention heads (or, with --unit=neurons, the MLP neurons) that carry a capability.
+
+    python -m experiments.localize --flagfile=experiments/configs/smollm2_default.flags
+    python -m experiments.localize --flagfile=experiments/configs/smollm2_plurals_cnl.flags  # neurons, CNL
+    jaxloc-localize --flagfile=experiments/configs/smollm2_learned_mask.flags  # the same command, installed
+
+Writes measurements.npz (the target's; each general task's under the same masks in general/<task>/),
+heads.json (neurons.json), coefficients.npy, heatmap.png (neurons_per_layer.png), ablation.json (held-out
+validation), ablation_curve.png, specificity_curve.png and report.html to --output_dir. Re-running the same command
+resumes an interrupted run without re-measuring any saved mask. The flags are the run-wide settings
+(`jaxloc.localize.settings.LocalizeSettings`), every registered method's own (`jaxloc.localize.methods`; e.g.
+--lasso_alpha; a flag of a method other than --method's is not read), --progress, and the model/engine flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from absl import flags
+
+from jaxloc import cli
+from jaxloc.api import run_localization
+from jaxloc.localize import methods
+from jaxloc.localize.run import load_tasks
+from jaxloc.localize.settings import LocalizeSettings, nested, setting
+from jaxloc.report.summary import summary_table
+
+
+@dataclasses.dataclass
+class LocalizeConfig:
+  settings: LocalizeSettings = nested(LocalizeSettings)  # its flags: run-wide and every registered method's
+  progress: bool = setting(True, "Show a progress bar.")
+
+
+def main(config: LocalizeConfig) -> None:
+  settings = config.settings
+  tasks = load_tasks(settings)  # every user error that needs no model is reported before it loads
+  engine = cli.engine_from_flags()
+  run = run_localization(engine, settings=settings, tasks=tasks, progress=config.progress)
+  print(summary_table(run.info, run.ablation))
+  print(f"outputs in {settings.output_dir}")
+
+
+def define_flags() -> None:
+  """The config's flags (--model is the model flags', which `engine_from_flags` loads), then the model flags."""
+  cli.define_flags(LocalizeConfig, skip=("model",))
+  cli.define_model_flags()
+
+
+def config_from_flags() -> LocalizeConfig:
+  """The parsed flags as a config; a flag given for another method than --method's is reported as not read."""
+  config = cli.settings_from_flags(LocalizeConfig)
+  method = config.settings.method
+  unread = [name for name in methods.flag_fields() if flags.FLAGS[name].present and method not in methods.owners(name)]
+  if unread:
+    logging.warning("--method=%s does not read %s (settings of other methods)", method,
+                    ", ".join(f"--{name}" for name in unread))
+  return config
+
+
+def console() -> None:
+  define_flags()
+  cli.run(lambda argv: main(config_from_flags()))
