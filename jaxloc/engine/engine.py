@@ -31,7 +31,7 @@ import numpy as np
 from jaxloc.engine import batching, generation, mesh as mesh_lib, scoring
 from jaxloc.engine.requests import GenerationRequest, ScoreOutputs, ScoringRequest
 from jaxloc.errors import UserError
-from jaxloc.models.llama import Ablation
+from jaxloc.models.llama import Ablation, OutputSpec
 from jaxloc.models.loading import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -649,5 +649,6 @@ class Engine:
 
 def _unit_sums(module, params, tokens, segments, dtype):
   positions = jnp.arange(tokens.shape[-1])[None, None]
-  out = module.apply({"params": params}, tokens, positions, segments=segments, collect_sums=True, dtype=dtype)
+  out = module.apply({"params": params}, tokens, positions, segments=segments, outputs=OutputSpec(unit_sums=True),
+                     dtype=dtype)
   return out.head_sums[:, 0], out.neuron_sums[:, 0]

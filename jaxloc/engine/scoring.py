@@ -25,7 +25,7 @@ from jaxloc.engine.batching import bucket, bucket_pow2
 from jaxloc.engine.requests import ScoringRequest
 from jaxloc.errors import UserError
 from jaxloc.models.layers import Context
-from jaxloc.models.llama import Ablation, lm_logits
+from jaxloc.models.llama import Ablation, OutputSpec, Resume, lm_logits
 
 # Sharing a prefix shorter than this saves less than the extra call costs.
 MIN_SHARED_PREFIX = 4
@@ -288,11 +288,9 @@ def prefix_context(module, params, ablation: Ablation, prefix_tokens, start_laye
   masks = ablation.num_masks
   prefix_len = prefix_tokens.shape[0]
   tokens = jnp.broadcast_to(prefix_tokens[None, None], (masks, 1, prefix_len))
-  resume = {}
-  if start_layer is not None:
-    resume = {"start_layer": start_layer, "residual": residuals[start_layer][None, None]}
-  out = module.apply({"params": params}, tokens, jnp.arange(prefix_len)[None, None], ablation, return_kv=True,
-                     dtype=dtype, **resume)
+  start = None if start_layer is None else Resume(start_layer, residuals[start_layer][None, None])
+  out = module.apply({"params": params}, tokens, jnp.arange(prefix_len)[None, None], ablation=ablation, start=start,
+                     outputs=OutputSpec(kv=True), dtype=dtype)
   k = out.k[:, :, 0]
   v = out.v[:, :, 0]
   return Context(k, v, jnp.ones((masks, 1, prefix_len), bool))
@@ -305,11 +303,11 @@ def unablated_residuals(module, params, prefix_tokens, rows: Rows, *, dtype):
   if prefix_tokens is not None:
     prefix_len = prefix_tokens.shape[0]
     out = module.apply({"params": params}, prefix_tokens[None, None], jnp.arange(prefix_len)[None, None],
-                       return_kv=True, return_residuals=True, dtype=dtype)
+                       outputs=OutputSpec(kv=True, residuals=True), dtype=dtype)
     context = Context(out.k[:, :, 0], out.v[:, :, 0], jnp.ones((1, 1, prefix_len), bool))
     prefix_residuals = out.residual[:, 0, 0]
-  out = module.apply({"params": params}, rows.tokens[None], rows.positions[None], None, context, rows.segments[None],
-                     return_residuals=True, dtype=dtype)
+  out = module.apply({"params": params}, rows.tokens[None], rows.positions[None], context=context,
+                     segments=rows.segments[None], outputs=OutputSpec(residuals=True), dtype=dtype)
   return prefix_residuals, out.residual[:, 0]
 
 
@@ -346,11 +344,9 @@ def score_chunk(module, config, params, ablation: Ablation, context: Context | N
   """
   masks = ablation.num_masks
   tokens = jnp.broadcast_to(rows.tokens[None], (masks,) + rows.tokens.shape)
-  resume = {}
-  if start_layer is not None:
-    resume = {"start_layer": start_layer, "residual": residuals[start_layer][None]}
-  out = module.apply({"params": params}, tokens, rows.positions[None], ablation, context, rows.segments[None],
-                     dtype=dtype, **resume)
+  start = None if start_layer is None else Resume(start_layer, residuals[start_layer][None])
+  out = module.apply({"params": params}, tokens, rows.positions[None], ablation=ablation, context=context,
+                     segments=rows.segments[None], start=start, dtype=dtype)
   return _target_logprob(config, params, out.hidden, rows.target_pos[None], rows.target_ids[None],
                          rows.target_slots[None])
 
@@ -421,7 +417,8 @@ def neuron_integrated_gradients(module, config, params, neuron_fill, prefix_toke
 
   def probability(mask):
     ablation = Ablation(neuron_mask=mask, neuron_fill=neuron_fill, neuron_where=repeat(where))
-    out = module.apply({"params": params}, repeat(tokens), repeat(positions), ablation, context, dtype=dtype)
+    out = module.apply({"params": params}, repeat(tokens), repeat(positions), ablation=ablation, context=context,
+                       dtype=dtype)
     logprob, _ = _target_logprob(config, params, out.hidden, jnp.repeat(target_pos, steps, axis=0),
                                  jnp.repeat(target_ids, steps, axis=0), slots)
     return jnp.exp(logprob).sum()

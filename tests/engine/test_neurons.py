@@ -91,7 +91,8 @@ def _probability(loaded, sequence, start, neuron_scale):
   tokens = jnp.asarray(sequence)[None, None]
   where = (jnp.arange(len(sequence)) == start - 1)[None, None]
   ablation = Ablation(neuron_mask=jnp.full((1, c.num_layers, c.intermediate_size), neuron_scale), neuron_where=where)
-  out = loaded.module.apply({"params": loaded.params}, tokens, jnp.arange(len(sequence))[None, None], ablation)
+  out = loaded.module.apply({"params": loaded.params}, tokens, jnp.arange(len(sequence))[None, None],
+                           ablation=ablation)
   logits = np.asarray(lm_logits(c, loaded.params, out.hidden))[0, 0]
   logprobs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(
       -1, keepdims=True)
