@@ -9,7 +9,7 @@ Axes: `batch` B (one (mask, request) pair each; every sequence carries its own h
 
 Stopping: EOS ids, and stop strings found in the decoded text inside the loop by an Aho–Corasick
 automaton over characters, folded into per-token tables (`stop_tables`); the text is then cut at
-the first stop string on the host.
+the first stop string on the host. `generator.py` jits these functions and feeds them batches.
 """
 
 from __future__ import annotations

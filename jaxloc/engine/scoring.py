@@ -10,6 +10,9 @@ request then runs only its own suffix against them; short suffixes are packed se
 itself and the prefix, so compute follows real tokens rather than padding. The LM head runs only at positions that
 predict continuation tokens. A batch of masks that ablates nothing below layer l can resume at l from the unablated
 model's residual stream (`unablated_residuals`), computed once per request set.
+
+These are pure functions over pytrees; `scorer.py` jits and pipelines them, `attribution.py` differentiates through
+them.
 """
 
 from __future__ import annotations

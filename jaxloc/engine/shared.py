@@ -21,6 +21,7 @@ from jaxloc.engine.placement import Placement
 from jaxloc.engine.planner import GIB, Planner, ScoringBatches, resolve
 from jaxloc.engine.requests import ScoringRequest
 from jaxloc.errors import UserError
+from jaxloc.models.config import ModelConfig
 from jaxloc.models.loading import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class EngineStats:
   seconds: float = 0.0
 
 
-def pad_id(model: LoadedModel) -> int:
+def pad_id_of(model: LoadedModel) -> int:
   """The token that pads rows: the tokenizer's pad token, else its EOS, else the config's pad token, else 0."""
   tok = model.tokenizer
   for candidate in (getattr(tok, "pad_token_id", None), getattr(tok, "eos_token_id", None),
@@ -53,11 +54,11 @@ def pad_id(model: LoadedModel) -> int:
 
 
 class Layouts:
-  """Request sets tokenized, arranged in rows (`scoring.arrange`), cut into chunks (`scoring.layout`) and planned
-  (`Planner.scoring`), kept per (requests, number of masks), oldest dropped first."""
+  """Request sets tokenized, arranged in rows (`scoring.arrange`), cut into chunks (`scoring.layout`, padded with
+  `pad_id`) and planned (`Planner.scoring`), kept per (requests, number of masks), oldest dropped first."""
 
-  def __init__(self, model: LoadedModel, config: EngineConfig, planner: Planner, pad: int):
-    self.model, self.config, self.planner, self.pad_id = model, config, planner, pad
+  def __init__(self, model: LoadedModel, config: EngineConfig, planner: Planner, pad_id: int):
+    self.model, self.config, self.planner, self.pad_id = model, config, planner, pad_id
     self._kept: dict = {}
 
   def prepare(self, requests: Sequence[ScoringRequest], num_masks: int) -> tuple[scoring.ScoringLayout,
@@ -126,6 +127,7 @@ class Shared:
   config: EngineConfig
   placement: Placement
   planner: Planner
+  pad_id: int
   layouts: Layouts
   residuals: ResidualCache
   stats: EngineStats
@@ -135,7 +137,8 @@ class Shared:
     config = resolve(config, model.dtype)
     placement = Placement.build(model.params, mesh, getattr(jnp, config.activation_dtype))
     planner = Planner.of(config, model.config, placement.data_parallel)
-    return cls(model, config, placement, planner, Layouts(model, config, planner, pad_id(model)),
+    pad = pad_id_of(model)
+    return cls(model, config, placement, planner, pad, Layouts(model, config, planner, pad),
                ResidualCache(planner.residual_cache), EngineStats())
 
   @property
@@ -143,9 +146,5 @@ class Shared:
     return self.model.module
 
   @property
-  def model_config(self):
+  def model_config(self) -> ModelConfig:
     return self.model.config
-
-  @property
-  def pad_id(self) -> int:
-    return self.layouts.pad_id
