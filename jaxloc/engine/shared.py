@@ -112,6 +112,8 @@ class ResidualCache:
     return self._kept[key][0]
 
   def make_room(self, size: int) -> None:
+    """Drops values until `size` more bytes fit: called before computing a new value, so the old ones are freed
+    first."""
     while self._kept and sum(b for _, b in self._kept.values()) + size > self.capacity:
       self._kept.pop(next(iter(self._kept)))
 

@@ -1,5 +1,7 @@
 """Fine-tuning chosen neurons moves only their parameters and raises the trained log-probability."""
 
+import dataclasses
+
 import jax
 import numpy as np
 
@@ -24,6 +26,6 @@ def test_only_the_neurons_parameters_move_and_the_loss_falls(smollm2):
   total = sum(int(m.sum()) for m in jax.tree_util.tree_leaves(moved))
   assert total == trained.trained_parameters  # nothing else changed, not one bit
   # The trained model scores the training requests higher.
-  tuned = Engine(engine.model.__class__(**{**engine.model.__dict__, "params": after}))
+  tuned = Engine(dataclasses.replace(engine.model, params=after), engine.config)
   ones = np.ones((1, engine.model_config.num_layers, engine.model_config.num_heads), np.float32)
   assert tuned.score(requests, ones).logprob.mean() > engine.score(requests, ones).logprob.mean()
