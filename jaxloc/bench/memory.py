@@ -1,7 +1,7 @@
 """The batch planner's memory estimate against XLA's own accounting of the compiled scoring step.
 
 For a model config and a task shape, `plan` picks masks and requests per call as the engine does
-(`batching.plan_scoring`), and `xla_bytes` compiles the engine's two jitted scoring functions at exactly that
+(`planner.Planner.scoring`), and `xla_bytes` compiles the engine's two jitted scoring functions at exactly that
 shape with abstract parameters (nothing is allocated, so an 8B model compiles on a laptop) and reads
 `compiled.memory_analysis()`. The activation bytes of a step are what it needs beyond the parameters:
 
@@ -22,12 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloc.engine import batching, scoring
+from jaxloc.engine import batching, planner, scoring
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.layers import Context
 from jaxloc.models.llama import Ablation, Transformer
 
-GIB = batching.GIB
+GIB = planner.GIB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +69,8 @@ STRESS_CALLS = ((1, 16, 512, 0, 1), (4, 16, 512, 0, 1), (2, 8, 256, 512, 1), (4,
 
 def device_budget(device_bytes: int, params: int, model_parallel: int = 1) -> int:
   """The engine's default activation budget on an accelerator with `device_bytes` (its `bytes_limit`) once a
-  1/model_parallel share of the parameters is placed (`batching.accelerator_budget`)."""
-  return batching.accelerator_budget(device_bytes, params // model_parallel)
+  1/model_parallel share of the parameters is placed (`planner.accelerator_budget`)."""
+  return planner.accelerator_budget(device_bytes, params // model_parallel)
 
 
 def min_model_parallel(device_bytes: int, params: int) -> int:
@@ -93,12 +93,12 @@ def _params(config: ModelConfig, dtype):
 
 
 def plan(config: ModelConfig, shape: TaskShape, dtype, memory_budget: int, tokens_per_batch: int,
-         num_masks: int = 4096) -> batching.ScoringBatches:
-  """The engine's plan for `shape` (the same call `Engine.prepare` makes)."""
-  return batching.plan_scoring(
-      config, num_masks=num_masks, num_requests=shape.num_requests, mean_seq=shape.mean_seq,
-      max_seq=batching.bucket(shape.max_seq), context=shape.context, max_targets=shape.targets,
-      dtype_bytes=jnp.dtype(dtype).itemsize, tokens_per_batch=tokens_per_batch, memory_budget=memory_budget)
+         num_masks: int = 4096) -> planner.ScoringBatches:
+  """The engine's plan for `shape` with `memory_budget` bytes for one call (the question the engine's layouts ask
+  its planner)."""
+  plans = planner.Planner(config, memory_budget, tokens_per_batch, jnp.dtype(dtype).itemsize)
+  return plans.scoring(num_masks=num_masks, num_requests=shape.num_requests, mean_seq=shape.mean_seq,
+                       max_seq=batching.bucket(shape.max_seq), context=shape.context, max_targets=shape.targets)
 
 
 def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, context: int, targets: int
@@ -133,8 +133,8 @@ def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, c
 
 def compare(config: ModelConfig, shape: TaskShape, dtype, masks: int, requests: int) -> dict[str, Any]:
   """The planner's estimate and XLA's bytes at one call shape; ratio = estimate / XLA."""
-  estimate = batching.activation_bytes(config, masks, requests, batching.bucket(shape.max_seq), shape.context,
-                                       batching.bucket_pow2(shape.targets), jnp.dtype(dtype).itemsize)
+  estimate = planner.activation_bytes(config, masks, requests, batching.bucket(shape.max_seq), shape.context,
+                                      batching.bucket_pow2(shape.targets), jnp.dtype(dtype).itemsize)
   measured = xla_bytes(config, dtype, masks, requests, shape.max_seq, shape.context, shape.targets)
   return {"task": shape.name, "masks": masks, "requests": requests, "estimate_bytes": estimate,
           "xla_bytes": measured["peak"], "xla_prefix_bytes": measured["prefix"],

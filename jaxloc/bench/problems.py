@@ -79,7 +79,7 @@ def cache_directory(output_dir: str, model: str, task: str, num_samples, sample_
 def real_problem(evaluator: Evaluator, model_name: str, *, output_dir: str, num_samples, sample_seed: int,
                  part: str, headline_metric: str) -> tuple[Problem, MaskCache]:
   """The evaluator's task on its documents, every mask's metrics cached under output_dir/cache."""
-  c = evaluator.engine.config
+  c = evaluator.engine.model_config
   task, docs, task_name = evaluator.task, evaluator.docs, evaluator.name
   if headline_metric not in task.metric_names:
     raise UserError(f"--headline_metric={headline_metric} is not a metric of {task_name}; it has "
@@ -110,7 +110,7 @@ def measure_gradient(problem: Problem, repeats: int = 2) -> dict[str, Any]:
     start = time.perf_counter()
     change = evaluator.first_order_change()
     seconds.append(time.perf_counter() - start)
-  engine, c = evaluator.engine, evaluator.engine.config
+  engine, c = evaluator.engine, evaluator.engine.model_config
   per_call = engine.masks_per_call(evaluator.task.requests(evaluator.docs, engine.tokenizer), 64)
   keep = np.ones((per_call, c.num_layers, c.num_heads), np.float32)
   keep[:, 0, 0] = 0  # any masks: the cost does not depend on which heads are ablated

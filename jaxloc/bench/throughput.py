@@ -29,6 +29,7 @@ import numpy as np
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import GenerationRequest, ScoringRequest
 from jaxloc.localize import designs
+from jaxloc.localize.settings import setting
 from jaxloc.models.config import ModelConfig
 from jaxloc.tasks import arithmetic, evaluation
 
@@ -79,7 +80,7 @@ def matmul_peak(shapes: Sequence[tuple[int, int, int]] = ((2048, 2048, 2048),), 
 def executed_flops(engine: Engine, requests: Sequence[ScoringRequest], num_masks: int) -> dict[str, float]:
   """FLOPs one mask evaluation executes, padding included: weights, attention scores, LM head."""
   layout, plan = engine.prepare(requests, num_masks)
-  c = engine.config
+  c = engine.model_config
   per_token = c.flops_per_token(with_lm_head=False)
   prefix = len(layout.prefix)
   weights = per_token * layout.padded_tokens_per_mask
@@ -183,7 +184,7 @@ def bench_generation(engine: Engine, torch_model, prompts: Sequence[str], max_ne
   """Greedy tokens/s of jaxloc and of batched transformers.generate on the same prompts (one batch)."""
   tok = engine.tokenizer
   requests = [GenerationRequest(p, max_new_tokens=max_new_tokens) for p in prompts]
-  mask = np.ones((1, engine.config.num_layers, engine.config.num_heads), np.float32)
+  mask = np.ones((1, engine.model_config.num_layers, engine.model_config.num_heads), np.float32)
   engine.generate(requests[:len(prompts)], mask)  # compile
   tokens_before = engine.stats.tokens
   start = time.perf_counter()
@@ -214,12 +215,15 @@ def bench_generation(engine: Engine, torch_model, prompts: Sequence[str], max_ne
   return result
 
 
-def previous_engine(engine: Engine) -> Engine:
+def variant(engine: Engine, **changes) -> Engine:
+  """An engine on the same model and mesh whose config is `engine`'s with `changes` (same budgets otherwise)."""
+  return Engine(engine.model, dataclasses.replace(engine.config, **changes), mesh=engine.mesh)
+
+
+def previous_engine(engine: Engine, **changes) -> Engine:
   """The engine as it was before packing, layer skipping and shared prefill: one request per row, every mask from
   layer 0, every generation row with its own prefill (same model, mesh and budgets)."""
-  return Engine(engine.model, mesh=engine.mesh, memory_budget_bytes=engine.memory_budget,
-                tokens_per_batch=engine.tokens_per_batch, share_prefix=engine.share_prefix, pack=False,
-                residual_cache_bytes=0, generation_batch=engine.generation_batch, activation_dtype=engine.dtype)
+  return variant(engine, pack=False, residual_cache_gb=0, **changes)
 
 
 def real_flops(config: ModelConfig, layer_tokens: int, targets: int) -> float:
@@ -242,7 +246,7 @@ def _scoring_workload(engines: dict[str, Engine], requests, keep: np.ndarray, pe
     start = time.perf_counter()
     scores[name] = engine.score(requests, keep).logprob
     seconds = time.perf_counter() - start
-    flops = real_flops(engine.config, engine.stats.layer_tokens - before.layer_tokens,
+    flops = real_flops(engine.model_config, engine.stats.layer_tokens - before.layer_tokens,
                        engine.stats.targets - before.targets)
     result[name] = {"seconds": seconds, "seconds_per_mask": seconds / len(keep),
                     "compile_and_first_batch_seconds": warm,
@@ -287,7 +291,7 @@ def generation_workload(engines: dict[str, Engine], torch_model, prompts: Sequen
   model-FLOP floor: every row's prompt and new tokens through every layer and the LM head (weights only, no
   padding) at the matmul peak; shared prefill can beat it."""
   requests = [GenerationRequest(p, max_new_tokens=max_new_tokens, add_special_tokens=False) for p in prompts]
-  c = next(iter(engines.values())).config
+  c = next(iter(engines.values())).model_config
   tok = next(iter(engines.values())).tokenizer
   prompt_tokens = sum(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
   result: dict[str, Any] = {"prompts": len(prompts), "masks": len(keep), "batch": len(prompts),
@@ -324,7 +328,7 @@ def single_head_masks(config: ModelConfig, heads: Sequence[int] | None = None) -
 def run_workloads(engine: Engine, cfg: "ThroughputConfig", torch_model, peak: float) -> dict[str, Any]:
   """The three workloads of the module docstring, each with `seconds_per_mask` (or `tokens_per_second`),
   `peak_fraction_real_tokens` and `speedup_vs_previous_engine`."""
-  c = engine.config
+  c = engine.model_config
   engines = {"jaxloc": engine, "previous_engine": previous_engine(engine)}
   task, docs = evaluation.load_task("plurals", num_samples=cfg.workload_samples, seed=0, data_dir=None)
   requests = task.requests(docs, engine.tokenizer)
@@ -335,54 +339,54 @@ def run_workloads(engine: Engine, cfg: "ThroughputConfig", torch_model, peak: fl
   workloads["one_shot_greedy"] = _scoring_workload(engines, requests, single_head_masks(c), peak)
   log.info("one-shot greedy workload: %s",
            {k: v for k, v in workloads["one_shot_greedy"].items() if not isinstance(v, dict)})
-  gen_task, gen_docs = evaluation.load_task("humaneval", num_samples=cfg.generation_prompts_workload, seed=0,
+  gen_task, gen_docs = evaluation.load_task("humaneval", num_samples=cfg.workload_generation_prompts, seed=0,
                                             data_dir=None)
   prompts = [r.context for r in gen_task.requests(gen_docs, engine.tokenizer)]
-  heads = np.linspace(0, c.num_head_total - 1, cfg.generation_masks).round().astype(int)
-  engines["jaxloc"] = Engine(engine.model, mesh=engine.mesh, memory_budget_bytes=engine.memory_budget,
-                             tokens_per_batch=engine.tokens_per_batch, generation_batch=len(prompts),
-                             activation_dtype=engine.dtype)
-  engines["previous_engine"] = Engine(engine.model, mesh=engine.mesh, memory_budget_bytes=engine.memory_budget,
-                                      tokens_per_batch=engine.tokens_per_batch, generation_batch=len(prompts),
-                                      pack=False, residual_cache_bytes=0, activation_dtype=engine.dtype)
+  heads = np.linspace(0, c.num_head_total - 1, cfg.workload_generation_masks).round().astype(int)
+  engines = {"jaxloc": variant(engine, generation_batch=len(prompts)),
+             "previous_engine": previous_engine(engine, generation_batch=len(prompts))}
   workloads["generation"] = generation_workload(engines, torch_model, prompts, single_head_masks(c, heads),
-                                                cfg.generation_new_tokens, peak)
+                                                cfg.workload_generation_tokens, peak)
   log.info("generation workload: %s", {k: v for k, v in workloads["generation"].items() if not isinstance(v, dict)})
   return workloads
 
 
 @dataclasses.dataclass
 class ThroughputConfig:
-  model: str = "smollm2-135m"
-  num_requests: int = 100
-  shots: int = 4
-  jax_masks: int = 32
-  reference_masks: int = 2
-  best_effort_masks: int = 3
-  ablated_per_mask: int = 27
-  torch_batch: int = 32
-  generation_batch: int = 16
-  generation_tokens: int = 64
-  skip_torch: bool = False
-  workload_samples: int = 100  # plurals documents of the default and one-shot greedy workloads
-  default_masks: int = 300
-  generation_prompts_workload: int = 8  # HumanEval prompts, also the generation batch
-  generation_masks: int = 16  # single-head masks spread over the layers
-  generation_new_tokens: int = 32
-  only_workloads: bool = False
+  """What the benchmark measures (the model and the engine are the model and engine flags, `jaxloc.cli`)."""
+
+  num_requests: int = setting(100, "Requests of the 4-shot 2-digit addition task.", lower=1)
+  shots: int = setting(4, "Solved examples in the addition task's shared prefix.", lower=0)
+  jax_masks: int = setting(32, "Masks jaxloc evaluates (after a warm-up batch).", lower=1)
+  reference_masks: int = setting(2, "Masks for the reload-per-mask PyTorch baseline.", lower=1)
+  best_effort_masks: int = setting(3, "Masks for the best-effort PyTorch baseline.", lower=1)
+  ablated_per_mask: int = setting(27, "Random heads ablated in each mask.", lower=0)
+  torch_batch: int = setting(32, "Batch of the best-effort PyTorch baseline.", lower=1)
+  generation_prompts: int = setting(16, "Prompts (batch size) in the generation benchmark.", lower=1)
+  generation_tokens: int = setting(64, "New tokens per sequence in the generation benchmark.", lower=1)
+  skip_torch: bool = setting(False, "Skip the PyTorch baselines (e.g. on accelerators without torch).")
+  compare_unshared: bool = setting(True, "Also time jaxloc without prefix sharing.")
+  workload_samples: int = setting(100, "plurals documents of the default and one-shot greedy workloads.", lower=1)
+  default_masks: int = setting(300, "Stratified masks of the default workload (plurals).", lower=1)
+  workload_generation_prompts: int = setting(8, "HumanEval prompts of the generation workload (its batch).", lower=1)
+  workload_generation_masks: int = setting(16, "Single-head masks of the generation workload.", lower=1)
+  workload_generation_tokens: int = setting(32, "New tokens per row in the generation workload.", lower=1)
+  only_workloads: bool = setting(False, "Run only the workloads (default, one-shot greedy, generation).")
 
 
-def run(engine: Engine, cfg: ThroughputConfig, unshared_engine: Engine | None = None) -> dict[str, Any]:
+def run(engine: Engine, cfg: ThroughputConfig) -> dict[str, Any]:
   """Every measurement of the benchmark; returns a JSON-able dict (arrays dropped)."""
+  model = engine.model.name
   requests = few_shot_addition_requests(cfg.num_requests, cfg.shots)
-  masks = random_masks(engine.config, cfg.jax_masks, cfg.ablated_per_mask)
+  masks = random_masks(engine.model_config, cfg.jax_masks, cfg.ablated_per_mask)
   tokens_total = sum(len(engine.tokenizer(r.context)["input_ids"]) +
                      len(engine.tokenizer(r.continuation, add_special_tokens=False)["input_ids"]) for r in requests)
-  report: dict[str, Any] = {"model": cfg.model, "masks_per_second": None, "device": str(jax.devices()[0].device_kind),
+  report: dict[str, Any] = {"model": model, "masks_per_second": None, "device": str(jax.devices()[0].device_kind),
                             "platform": jax.default_backend(), "num_devices": len(jax.devices()),
                             "requests": len(requests), "tokens_in_requests": tokens_total,
-                            "ablated_heads_per_mask": cfg.ablated_per_mask, "config": dataclasses.asdict(cfg)}
-  c = engine.config
+                            "ablated_heads_per_mask": cfg.ablated_per_mask, "config": dataclasses.asdict(cfg),
+                            "engine": dataclasses.asdict(engine.config)}
+  c = engine.model_config
   rows = 3200 if jax.default_backend() == "cpu" else 16384
   square = 2048 if jax.default_backend() == "cpu" else 8192
   # The square peak, and the model's own MLP and LM-head shapes, in the model's compute dtype.
@@ -390,30 +394,29 @@ def run(engine: Engine, cfg: ThroughputConfig, unshared_engine: Engine | None = 
                  (rows, c.hidden_size, c.vocab_size))
   lm_head_shape = f"{rows}x{c.hidden_size}x{c.vocab_size}"
   report["matmul_peak_before"] = matmul_peak(peak_shapes, engine.dtype)
-  if cfg.model.startswith("random:"):
-    cfg.skip_torch = True  # no PyTorch twin of random weights
-  torch_model = None
-  if not cfg.skip_torch:
+  skip_torch = cfg.skip_torch or model.startswith("random:")  # random weights have no PyTorch twin
+  if not skip_torch:
     try:
       import torch  # noqa: F401
     except ImportError:
       log.warning("torch not installed: PyTorch baselines skipped")
-      cfg.skip_torch = True
-  if not cfg.skip_torch:
+      skip_torch = True
+  torch_model = None
+  if not skip_torch:
     from jaxloc.models.torch_reference import load_hf_model
 
-    torch_model = load_hf_model(cfg.model)
+    torch_model = load_hf_model(model)
   report["workloads"] = run_workloads(engine, cfg, torch_model, max(report["matmul_peak_before"].values()))
   if cfg.only_workloads:
     return report
   results = [bench_jaxloc(engine, requests, masks, "jaxloc (shared prefix)")]
-  if unshared_engine is not None:
-    results.append(bench_jaxloc(unshared_engine, requests, masks[:max(4, cfg.jax_masks // 4)],
+  if cfg.compare_unshared:
+    results.append(bench_jaxloc(variant(engine, share_prefix=False), requests, masks[:max(4, cfg.jax_masks // 4)],
                                 "jaxloc (no prefix sharing)"))
   if torch_model is not None:
     results.append(bench_torch_best(torch_model, engine.tokenizer, requests, masks[:cfg.best_effort_masks],
                                     cfg.torch_batch))
-    results.append(bench_torch_reference(cfg.model, engine.tokenizer, requests, masks[:cfg.reference_masks]))
+    results.append(bench_torch_reference(model, engine.tokenizer, requests, masks[:cfg.reference_masks]))
   report["matmul_peak_after"] = matmul_peak(peak_shapes, engine.dtype)
   jax_result = results[0]
   report["masks_per_second"] = 1.0 / jax_result["seconds_per_mask"]
@@ -432,7 +435,7 @@ def run(engine: Engine, cfg: ThroughputConfig, unshared_engine: Engine | None = 
   report["dtype"] = jnp.dtype(engine.model.dtype).name
   report["activation_dtype"] = jnp.dtype(engine.dtype).name
   report["results"] = [{k: v for k, v in r.items() if k not in ("logprob", "is_greedy")} for r in results]
-  prompts = [r.context for r in few_shot_addition_requests(cfg.generation_batch, 0, seed=1)]
+  prompts = [r.context for r in few_shot_addition_requests(cfg.generation_prompts, 0, seed=1)]
   report["generation"] = bench_generation(engine, torch_model, prompts, cfg.generation_tokens)
   return report
 

@@ -9,7 +9,7 @@ Axes: `batch` B (one (mask, request) pair each; every sequence carries its own h
 
 Stopping: EOS ids, and stop strings found in the decoded text inside the loop by an Aho–Corasick
 automaton over characters, folded into per-token tables (`stop_tables`); the text is then cut at
-the first stop string on the host.
+the first stop string on the host. `generator.py` jits these functions and feeds them batches.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc.models.layers import Context
-from jaxloc.models.llama import Ablation, lm_logits
+from jaxloc.models.llama import Ablation, OutputSpec, Resume, lm_logits
+
 
 def stop_tables(token_strings: Sequence[str], stop_strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
   """An Aho–Corasick automaton over `stop_strings`, folded into per-token tables.
@@ -94,7 +95,7 @@ def prompt_streams(module, params, prompt, prompt_valid, *, dtype):
   [L, P, S, D] and every layer's keys and values [L, P, S, K, Dh]. Rows whose masks ablate nothing below layer l
   resume from them at l (`prefill`)."""
   out = module.apply({"params": params}, prompt[None], _positions(prompt_valid)[None],
-                     segments=jnp.where(prompt_valid, 0, -1)[None], return_kv=True, return_residuals=True,
+                     segments=jnp.where(prompt_valid, 0, -1)[None], outputs=OutputSpec(kv=True, residuals=True),
                      dtype=dtype)
   return out.residual[:, 0], out.k[:, 0], out.v[:, 0]
 
@@ -110,13 +111,13 @@ def prefill(module, params, ablation: Ablation, prompt, prompt_valid, shared, dt
   segments = jnp.where(prompt_valid, 0, -1)[:, None]
   positions = _positions(prompt_valid)[:, None]
   if shared is None:
-    return module.apply({"params": params}, prompt[:, None], positions, ablation, segments=segments,
-                        return_kv=True, dtype=dtype)
+    return module.apply({"params": params}, prompt[:, None], positions, ablation=ablation, segments=segments,
+                        outputs=OutputSpec(kv=True), dtype=dtype)
   start_layer, row_prompt, (residuals, keys, values) = shared
   seq = prompt.shape[1]  # left padding: a prompt's streams at a narrower width are the last `seq` columns
-  out = module.apply({"params": params}, prompt[:, None], positions, ablation, segments=segments,
-                     start_layer=start_layer, residual=residuals[start_layer][row_prompt][:, None, -seq:],
-                     return_kv=True, dtype=dtype)
+  out = module.apply({"params": params}, prompt[:, None], positions, ablation=ablation, segments=segments,
+                     start=Resume(start_layer, residuals[start_layer][row_prompt][:, None, -seq:]),
+                     outputs=OutputSpec(kv=True), dtype=dtype)
   below = (jnp.arange(out.k.shape[0]) < start_layer).reshape((-1,) + (1,) * (out.k.ndim - 1))
   per_row = lambda kv: kv[:, row_prompt][:, :, None, -seq:]  # noqa: E731  [L, P, W, ...] -> [L, B, 1, S, ...]
   return dataclasses.replace(out, k=jnp.where(below, per_row(keys), out.k), v=jnp.where(below, per_row(values), out.v))
@@ -164,8 +165,8 @@ def greedy_generate(module, config, params, ablation: Ablation, prompt, prompt_v
     done = done | (current[:, None] == eos_ids[None]).any(-1) | stop_hit[current, automaton]
     automaton = stop_next[current, automaton]
     context = Context(cache_k, cache_v, cache_valid[:, None, :])
-    out = module.apply({"params": params}, current[:, None, None], pos[:, None, None], ablation, context,
-                       return_kv=True, dtype=dtype)
+    out = module.apply({"params": params}, current[:, None, None], pos[:, None, None], ablation=ablation,
+                       context=context, outputs=OutputSpec(kv=True), dtype=dtype)
     write = seq + step
     cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, out.k[:, :, 0], write, axis=2)
     cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, out.v[:, :, 0], write, axis=2)

@@ -10,6 +10,9 @@ request then runs only its own suffix against them; short suffixes are packed se
 itself and the prefix, so compute follows real tokens rather than padding. The LM head runs only at positions that
 predict continuation tokens. A batch of masks that ablates nothing below layer l can resume at l from the unablated
 model's residual stream (`unablated_residuals`), computed once per request set.
+
+These are pure functions over pytrees; `scorer.py` jits and pipelines them, `attribution.py` differentiates through
+them.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from jaxloc.engine.batching import bucket, bucket_pow2
 from jaxloc.engine.requests import ScoringRequest
 from jaxloc.errors import UserError
 from jaxloc.models.layers import Context
-from jaxloc.models.llama import Ablation, lm_logits
+from jaxloc.models.llama import Ablation, OutputSpec, Resume, lm_logits
 
 # Sharing a prefix shorter than this saves less than the extra call costs.
 MIN_SHARED_PREFIX = 4
@@ -288,11 +291,9 @@ def prefix_context(module, params, ablation: Ablation, prefix_tokens, start_laye
   masks = ablation.num_masks
   prefix_len = prefix_tokens.shape[0]
   tokens = jnp.broadcast_to(prefix_tokens[None, None], (masks, 1, prefix_len))
-  resume = {}
-  if start_layer is not None:
-    resume = {"start_layer": start_layer, "residual": residuals[start_layer][None, None]}
-  out = module.apply({"params": params}, tokens, jnp.arange(prefix_len)[None, None], ablation, return_kv=True,
-                     dtype=dtype, **resume)
+  start = None if start_layer is None else Resume(start_layer, residuals[start_layer][None, None])
+  out = module.apply({"params": params}, tokens, jnp.arange(prefix_len)[None, None], ablation=ablation, start=start,
+                     outputs=OutputSpec(kv=True), dtype=dtype)
   k = out.k[:, :, 0]
   v = out.v[:, :, 0]
   return Context(k, v, jnp.ones((masks, 1, prefix_len), bool))
@@ -305,15 +306,15 @@ def unablated_residuals(module, params, prefix_tokens, rows: Rows, *, dtype):
   if prefix_tokens is not None:
     prefix_len = prefix_tokens.shape[0]
     out = module.apply({"params": params}, prefix_tokens[None, None], jnp.arange(prefix_len)[None, None],
-                       return_kv=True, return_residuals=True, dtype=dtype)
+                       outputs=OutputSpec(kv=True, residuals=True), dtype=dtype)
     context = Context(out.k[:, :, 0], out.v[:, :, 0], jnp.ones((1, 1, prefix_len), bool))
     prefix_residuals = out.residual[:, 0, 0]
-  out = module.apply({"params": params}, rows.tokens[None], rows.positions[None], None, context, rows.segments[None],
-                     return_residuals=True, dtype=dtype)
+  out = module.apply({"params": params}, rows.tokens[None], rows.positions[None], context=context,
+                     segments=rows.segments[None], outputs=OutputSpec(residuals=True), dtype=dtype)
   return prefix_residuals, out.residual[:, 0]
 
 
-def _target_logprob(config, params, hidden, target_pos, target_ids, target_slots):
+def target_logprob(config, params, hidden, target_pos, target_ids, target_slots):
   """Summed log-probability of each slot's targets and whether every one is the argmax, both [M, N].
 
   hidden: [M, R, S, D]; target_pos: [M|1, T] flat positions into R * S; target_ids: [M|1, T];
@@ -346,85 +347,8 @@ def score_chunk(module, config, params, ablation: Ablation, context: Context | N
   """
   masks = ablation.num_masks
   tokens = jnp.broadcast_to(rows.tokens[None], (masks,) + rows.tokens.shape)
-  resume = {}
-  if start_layer is not None:
-    resume = {"start_layer": start_layer, "residual": residuals[start_layer][None]}
-  out = module.apply({"params": params}, tokens, rows.positions[None], ablation, context, rows.segments[None],
-                     dtype=dtype, **resume)
-  return _target_logprob(config, params, out.hidden, rows.target_pos[None], rows.target_ids[None],
-                         rows.target_slots[None])
-
-
-def mask_objective(module, config, params, ablation: Ablation, prefix_tokens, rows: Rows, weights, offsets, dtype,
-                   retained: bool = False):
-  """Per mask [Mb]: sum over slots of weights[n] * f(logprob[m, n] - offsets[n]), where f is the identity, or
-  with `retained` the probability kept relative to the offsets, exp(min(., 0)) (in [0, 1]: a request that loses
-  everything counts 1, however many nats it loses).
-
-  Differentiable in the ablation's masks (the prefix keys/values are recomputed inside, so the gradient flows
-  through them too): at an all-ones mask with zero offsets its gradient is mask-gradient attribution; at soft
-  masks it is what a learned mask trains on.
-  """
-  context = None
-  if prefix_tokens is not None:
-    context = prefix_context(module, params, ablation, prefix_tokens, dtype=dtype)
-  logprob, _ = score_chunk(module, config, params, ablation, context, rows, dtype=dtype)
-  change = logprob - offsets[None]
-  values = jnp.exp(jnp.minimum(change, 0.0)) if retained else change
-  return values @ weights
-
-
-def mask_objective_and_grad(module, config, params, ablation: Ablation, *args, dtype, retained: bool = False):
-  """`mask_objective` [Mb] and its gradients in the head mask [Mb, L, H] and the neuron mask [Mb, L, F] (None
-  for a kind the ablation does not hold; masks are independent: the gradient of the sum over masks is each
-  mask's own)."""
-
-  def total(masks):
-    values = mask_objective(module, config, params, dataclasses.replace(ablation, head_mask=masks[0],
-                                                                        neuron_mask=masks[1]),
-                            *args, dtype=dtype, retained=retained)
-    return values.sum(), values
-
-  (_, values), grads = jax.value_and_grad(total, has_aux=True)((ablation.head_mask, ablation.neuron_mask))
-  return values, grads[0], grads[1]
-
-
-def neuron_integrated_gradients(module, config, params, neuron_fill, prefix_tokens, tokens, positions, target_pos,
-                                target_ids, target_valid, *, steps: int, dtype):
-  """Integrated-gradients attribution [Rb, L, F] of every neuron at each request's last context position (the
-  position predicting its first target token) for the probability of the request's target.
-
-  One request per row: tokens, positions [Rb, S]; target_pos, target_ids, target_valid [Rb, T] (positions within
-  the row, `Chunk.row_targets`).
-
-  The neurons of every layer at that position are scaled together from 0 (from their mean `neuron_fill`, when
-  given) to their value along `steps` points (alpha = k / steps, k = 1..steps); a neuron's attribution is its
-  value (minus the fill) times the mean gradient of the target probability along the path, which is the mean
-  gradient in a neuron mask that scales that position only. One
-  forward and backward pass over requests × steps rows, each row its own mask. The shared prefix is computed
-  once, unablated (the scaled position is never in it).
-  """
-  rows, seq = tokens.shape
-  cfg = config
-  alphas = jnp.arange(1, steps + 1, dtype=jnp.float32) / steps
-  width = rows * steps
-  repeat = lambda a: jnp.repeat(a, steps, axis=0)[:, None]  # noqa: E731  [Rb, ...] -> [Rb * steps, 1, ...]
-  context = None
-  if prefix_tokens is not None:
-    one = Ablation(neuron_mask=jnp.ones((1, cfg.num_layers, cfg.intermediate_size), dtype))
-    prefix = prefix_context(module, params, one, prefix_tokens, dtype=dtype)
-    expand = lambda a: jnp.broadcast_to(a, (a.shape[0], width) + a.shape[2:])  # noqa: E731
-    context = Context(expand(prefix.k), expand(prefix.v), jnp.ones((width, 1, prefix_tokens.shape[0]), bool))
-  where = (jnp.arange(seq)[None, :] == target_pos[:, :1])  # [Rb, S]: the first predictor position
-  masks = jnp.broadcast_to(jnp.tile(alphas, rows)[:, None, None], (width, cfg.num_layers, cfg.intermediate_size))
-  slots = jnp.repeat(target_valid.astype(jnp.float32)[..., None], steps, axis=0)  # [Rb * steps, T, 1]
-
-  def probability(mask):
-    ablation = Ablation(neuron_mask=mask, neuron_fill=neuron_fill, neuron_where=repeat(where))
-    out = module.apply({"params": params}, repeat(tokens), repeat(positions), ablation, context, dtype=dtype)
-    logprob, _ = _target_logprob(config, params, out.hidden, jnp.repeat(target_pos, steps, axis=0),
-                                 jnp.repeat(target_ids, steps, axis=0), slots)
-    return jnp.exp(logprob).sum()
-
-  grad = jax.grad(probability)(masks.astype(dtype))
-  return grad.astype(jnp.float32).reshape(rows, steps, cfg.num_layers, cfg.intermediate_size).mean(axis=1)
+  start = None if start_layer is None else Resume(start_layer, residuals[start_layer][None])
+  out = module.apply({"params": params}, tokens, rows.positions[None], ablation=ablation, context=context,
+                     segments=rows.segments[None], start=start, dtype=dtype)
+  return target_logprob(config, params, out.hidden, rows.target_pos[None], rows.target_ids[None],
+                        rows.target_slots[None])

@@ -62,7 +62,7 @@ class Scorer:
     self._cache: list[dict[bytes, np.ndarray]] = [{} for _ in self.eval_sets]  # mask bytes -> float [docs]
     first = self.eval_sets[0]
     self.unit = first.unit
-    self.num_layers, self.units_per_layer = first.engine.config.num_layers, first.units_per_layer
+    self.num_layers, self.units_per_layer = first.engine.model_config.num_layers, first.units_per_layer
 
   def name(self, flat: int) -> str:
     return unit_name(*divmod(int(flat), self.units_per_layer), self.unit)

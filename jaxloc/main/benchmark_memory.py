@@ -56,15 +56,15 @@ def main(config: BenchmarkMemoryConfig) -> None:
   print(f"{'preset':14s} {'task':36s} {'plan':6s} {'masks':>5s} {'reqs':>4s} {'estimate GiB':>12s} "
         f"{'XLA GiB':>8s} {'ratio':>6s}")
   for preset in config.presets:
-    config = PRESETS[preset]
-    params_bf16 = memory.param_bytes(config, jnp.bfloat16)
+    model = PRESETS[preset]  # the preset's model config (`config` is the benchmark's)
+    params_bf16 = memory.param_bytes(model, jnp.bfloat16)
     for shape in shapes:
       for setting, (tokens, budget) in SETTINGS.items():
         budget = budget or memory.device_budget(GPU_BYTES, params_bf16)
         dtype = jnp.float32 if setting == "cpu" else jnp.bfloat16
-        plan = memory.plan(config, shape, dtype, budget, tokens)
+        plan = memory.plan(model, shape, dtype, budget, tokens)
         start = time.perf_counter()
-        row = memory.compare(config, shape, jnp.float32, plan.masks_per_call, plan.requests_per_call)
+        row = memory.compare(model, shape, jnp.float32, plan.masks_per_call, plan.requests_per_call)
         row.update(preset=preset, plan=setting, compile_seconds=time.perf_counter() - start)
         rows.append(row)
         print(f"{preset:14s} {shape.name:36s} {setting:6s} {row['masks']:5d} {row['requests']:4d} "
@@ -73,7 +73,7 @@ def main(config: BenchmarkMemoryConfig) -> None:
       batch = {"preset": preset, "task": shape.name}
       for device, device_bytes in (("gpu80", GPU_BYTES), ("tpu16", TPU_CORE_BYTES)):
         parallel = memory.min_model_parallel(device_bytes, params_bf16)
-        plan = memory.plan(config, shape, jnp.bfloat16, memory.device_budget(device_bytes, params_bf16, parallel),
+        plan = memory.plan(model, shape, jnp.bfloat16, memory.device_budget(device_bytes, params_bf16, parallel),
                            65536)
         batch[device] = {"model_parallel": parallel, "masks_per_call": plan.masks_per_call,
                          "requests_per_call": plan.requests_per_call, "estimated_gib": plan.estimated_bytes / memory.GIB}

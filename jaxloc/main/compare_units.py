@@ -46,7 +46,7 @@ def main(config: CompareUnitsConfig) -> dict:
     raise UserError(f"the runs localized {model}; --model={cli.FLAGS.model} would compare another model's units")
   cli.FLAGS.model = model
   engine = cli.engine_from_flags()
-  heads, neurons = (heads_vs_neurons.read_ranking(run, engine.config) for run in runs)
+  heads, neurons = (heads_vs_neurons.read_ranking(run, engine.model_config) for run in runs)
   result = heads_vs_neurons.compare(engine, heads, neurons, tasks, config.head_counts, config.draws, config.seed,
                                     config.ablation)
   print(report.markdown(result))

@@ -7,7 +7,10 @@ Inputs are data, in penzai's spirit: an `Ablation` holds a head mask [masks, lay
 0 ablate) that scales every query head's attention output before `o_proj`, and/or a neuron mask
 [masks, layers, mlp] that scales every MLP intermediate unit before `down_proj`; optional fill values
 (per head [layers, heads, head_dim], per neuron [layers, mlp]) turn zero ablation into mean ablation.
-That is what lets many ablation configurations run as one batched, compiled computation.
+That is what lets many ablation configurations run as one batched, compiled computation. What a forward pass is
+asked for is data too: `Resume` starts it at a later layer, a static `OutputSpec` names what it returns besides
+the hidden states, and each decoder layer reads typed inputs, its own slice of `LayerInputs` and the whole of
+`SharedInputs`, so a model family's per-layer attribute is a field, not a mode flag.
 
 Axes are those of `layers.py`, plus `layers` L (the scanned decoder layers) and `vocab` V.
 Tokens are [M, R, S]: every mask has its own batch of requests, which may share context keys/values
@@ -31,11 +34,11 @@ Array = jax.Array
 
 @dataclasses.dataclass
 class ModelOutput:
-  """hidden: [M, R, S, D] after the final norm (feed to `Transformer.logits`).
-  k, v: [L, M, R, S, K, Dh] keys/values of these tokens when asked for (to build a context).
+  """hidden: [M, R, S, D] after the final norm (feed to `lm_logits`).
+  k, v: [L, M, R, S, K, Dh] keys/values of these tokens (`OutputSpec.kv`).
   head_sums: [L, M, K, G, Dh] per-head attention outputs and neuron_sums: [L, M, F] neuron values summed over
-  valid tokens, when asked for (divide by the token count for mean-ablation fill values).
-  residual: [L, M, R, S, D] the residual stream entering each layer, when asked for (to resume at a later layer).
+  valid tokens (`OutputSpec.unit_sums`; divide by the token count for mean-ablation fill values).
+  residual: [L, M, R, S, D] the residual stream entering each layer (`OutputSpec.residuals`).
   """
 
   hidden: Array
@@ -78,15 +81,116 @@ jax.tree_util.register_dataclass(
     Ablation, data_fields=["head_mask", "head_fill", "neuron_mask", "neuron_fill", "neuron_where"], meta_fields=[])
 
 
+@dataclasses.dataclass(frozen=True)
+class OutputSpec:
+  """What a forward pass returns besides the final hidden states; static (each combination compiles once).
+
+  kv: every layer's keys/values of these tokens (to build a context: a shared prefix, a decoding cache).
+  residuals: the residual stream entering every layer (to resume at a later layer, `Resume`).
+  unit_sums: per-head attention outputs and neuron values summed over valid tokens (mean-ablation fill values).
+  """
+
+  kv: bool = False
+  residuals: bool = False
+  unit_sums: bool = False
+
+
+@dataclasses.dataclass
+class Resume:
+  """Start at `layer` (int32 scalar) from the residual stream [M|1, R, S, D] entering it instead of embedding the
+  tokens; the layers below pass it through untouched (exact when no mask ablates anything there and `residual` is
+  the unablated model's, `OutputSpec(residuals=True)`). Their keys/values come out as zeros, read by no query."""
+
+  layer: Array
+  residual: Array
+
+
+jax.tree_util.register_dataclass(Resume, data_fields=["layer", "residual"], meta_fields=[])
+
+
+@dataclasses.dataclass
+class LayerInputs:
+  """What each decoder layer gets for itself, stacked over a leading `layers` axis (the scan slices it); None where a
+  call has none. A per-layer attribute of a model family (a sliding-window size, which rope table a layer uses) is one
+  more field here, filled from the config, not a new mode of `Transformer.__call__`.
+
+  index: int [L], the layer's number. head_mask: [L, M, K, G]; head_fill: [L, K, G, Dh]; neuron_mask: [L, M, F];
+  neuron_fill: [L, F] (`Ablation`, laid out per layer). context_k, context_v: [L, M, C, K, Dh] (`Context`).
+  """
+
+  index: Array
+  head_mask: Array | None = None
+  head_fill: Array | None = None
+  neuron_mask: Array | None = None
+  neuron_fill: Array | None = None
+  context_k: Array | None = None
+  context_v: Array | None = None
+
+  @classmethod
+  def build(cls, config: ModelConfig, ablation: Ablation, context: Context | None, num_masks: int) -> "LayerInputs":
+    c = config
+    inputs = cls(jnp.arange(c.num_layers))
+    if ablation.head_mask is not None:
+      inputs.head_mask = jnp.swapaxes(ablation.head_mask, 0, 1).reshape(c.num_layers, num_masks, c.num_kv_heads,
+                                                                        c.queries_per_kv)
+      if ablation.head_fill is not None:
+        inputs.head_fill = ablation.head_fill.reshape(c.num_layers, c.num_kv_heads, c.queries_per_kv, c.head_dim)
+    if ablation.neuron_mask is not None:
+      inputs.neuron_mask = jnp.swapaxes(ablation.neuron_mask, 0, 1)
+      inputs.neuron_fill = ablation.neuron_fill
+    if context is not None:
+      inputs.context_k, inputs.context_v = context.k, context.v
+    return inputs
+
+
+jax.tree_util.register_dataclass(LayerInputs, data_fields=["index", "head_mask", "head_fill", "neuron_mask",
+                                                           "neuron_fill", "context_k", "context_v"], meta_fields=[])
+
+
+@dataclasses.dataclass
+class SharedInputs:
+  """What every decoder layer gets whole (broadcast over the scan).
+
+  cos, sin: [M|1, R|1, S, Dh] rotary tables; segments: int [M|1, R|1, S] or None (`Transformer.__call__`);
+  neuron_where: bool [M|1, R|1, S] or None (`Ablation`); context_valid: bool [M, R|1, C] or None (`Context`);
+  start_layer: int32 scalar or None (`Resume`).
+  """
+
+  cos: Array
+  sin: Array
+  segments: Array | None = None
+  neuron_where: Array | None = None
+  context_valid: Array | None = None
+  start_layer: Array | None = None
+
+
+jax.tree_util.register_dataclass(SharedInputs, data_fields=["cos", "sin", "segments", "neuron_where",
+                                                            "context_valid", "start_layer"], meta_fields=[])
+
+
+@dataclasses.dataclass
+class LayerOutputs:
+  """What a decoder layer returns besides its residual stream (None where `OutputSpec` does not ask); the scan
+  stacks them over `layers` (`ModelOutput`)."""
+
+  k: Array | None = None
+  v: Array | None = None
+  head_sums: Array | None = None
+  neuron_sums: Array | None = None
+  residual: Array | None = None
+
+
+jax.tree_util.register_dataclass(LayerOutputs, data_fields=["k", "v", "head_sums", "neuron_sums", "residual"],
+                                 meta_fields=[])
+
+
 class DecoderLayer(nn.Module):
-  """One decoder layer; with `shared["start_layer"]` set, layers below it pass the residual through untouched (their
+  """One decoder layer; with `shared.start_layer` set, layers below it pass the residual through untouched (their
   key/value outputs are then zeros, never read)."""
 
   config: ModelConfig
   param_dtype: Any = jnp.float32
-  return_kv: bool = False
-  collect_sums: bool = False
-  return_residuals: bool = False
+  outputs: OutputSpec = OutputSpec()
 
   def setup(self):
     cfg = self.config
@@ -95,44 +199,42 @@ class DecoderLayer(nn.Module):
     self.mlp_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
     self.mlp = MLP(cfg, self.param_dtype)
 
-  def __call__(self, x: Array, per_layer: dict, shared: dict):
-    if shared.get("start_layer") is None:
-      x_out, outputs = self.compute(x, per_layer, shared)
+  def __call__(self, x: Array, layer: LayerInputs, shared: SharedInputs):
+    if shared.start_layer is None:
+      x_out, outputs = self.compute(x, layer, shared)
     else:
-      x_out, outputs = nn.cond(per_layer["index"] >= shared["start_layer"], DecoderLayer.compute,
-                               DecoderLayer.skip, self, x, per_layer, shared)
-    if self.return_residuals:
-      outputs["residual"] = x
+      x_out, outputs = nn.cond(layer.index >= shared.start_layer, DecoderLayer.compute, DecoderLayer.skip, self, x,
+                               layer, shared)
+    if self.outputs.residuals:
+      outputs.residual = x
     return x_out, outputs
 
-  def compute(self, x: Array, per_layer: dict, shared: dict):
+  def compute(self, x: Array, layer: LayerInputs, shared: SharedInputs):
     context = None
-    if per_layer.get("context_k") is not None:
-      context = Context(per_layer["context_k"], per_layer["context_v"], shared["context_valid"])
-    attn_out, head_out, k, v = self.attn(self.attn_norm(x), shared["cos"], shared["sin"], per_layer.get("head_mask"),
-                                         per_layer.get("head_fill"), context, shared.get("segments"))
+    if layer.context_k is not None:
+      context = Context(layer.context_k, layer.context_v, shared.context_valid)
+    attn_out, head_out, k, v = self.attn(self.attn_norm(x), shared.cos, shared.sin, layer.head_mask, layer.head_fill,
+                                         context, shared.segments)
     x = x + attn_out
-    mlp_out, neurons = self.mlp(self.mlp_norm(x), per_layer.get("neuron_mask"), per_layer.get("neuron_fill"),
-                                shared.get("neuron_where"))
+    mlp_out, neurons = self.mlp(self.mlp_norm(x), layer.neuron_mask, layer.neuron_fill, shared.neuron_where)
     x = x + mlp_out
-    outputs = {}
-    if self.return_kv:
-      outputs["k"], outputs["v"] = k, v
-    if self.collect_sums:
-      weights = (shared["segments"] >= 0).astype(jnp.float32)
+    outputs = LayerOutputs()
+    if self.outputs.kv:
+      outputs.k, outputs.v = k, v
+    if self.outputs.unit_sums:
+      weights = (shared.segments >= 0).astype(jnp.float32)
       weights = jnp.broadcast_to(weights, head_out.shape[:3])
-      outputs["head_sums"] = jnp.einsum("mrs,mrskgh->mkgh", weights, head_out.astype(jnp.float32))
-      outputs["neuron_sums"] = jnp.einsum("mrs,mrsf->mf", weights, neurons.astype(jnp.float32))
+      outputs.head_sums = jnp.einsum("mrs,mrskgh->mkgh", weights, head_out.astype(jnp.float32))
+      outputs.neuron_sums = jnp.einsum("mrs,mrsf->mf", weights, neurons.astype(jnp.float32))
     return x, outputs
 
-  def skip(self, x: Array, per_layer: dict, shared: dict):
+  def skip(self, x: Array, layer: LayerInputs, shared: SharedInputs):
     """A layer below the start: what `compute` returns, with the residual unchanged."""
-    del per_layer, shared
-    outputs = {}
-    if self.return_kv:
+    del layer, shared
+    outputs = LayerOutputs()
+    if self.outputs.kv:
       cfg = self.config
-      kv = jnp.zeros(x.shape[:3] + (cfg.num_kv_heads, cfg.head_dim), x.dtype)
-      outputs["k"], outputs["v"] = kv, kv
+      outputs.k = outputs.v = jnp.zeros(x.shape[:3] + (cfg.num_kv_heads, cfg.head_dim), x.dtype)
     return x, outputs
 
 
@@ -150,10 +252,9 @@ class Transformer(nn.Module):
   param_dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens: Array, positions: Array, ablation: Ablation | None = None,
-               context: Context | None = None, segments: Array | None = None, *, start_layer: Array | None = None,
-               residual: Array | None = None, return_kv: bool = False, return_residuals: bool = False,
-               collect_sums: bool = False, dtype: Any = None) -> ModelOutput:
+  def __call__(self, tokens: Array, positions: Array, *, ablation: Ablation | None = None,
+               context: Context | None = None, segments: Array | None = None, start: Resume | None = None,
+               outputs: OutputSpec = OutputSpec(), dtype: Any = None) -> ModelOutput:
     """Runs the decoder.
 
     tokens: int [M, R, S]. positions: int [M|1, R|1, S], absolute positions (after any context).
@@ -162,52 +263,34 @@ class Transformer(nn.Module):
     segments: int [M|1, R|1, S]: a token attends to earlier tokens of its own segment only (several requests packed
       in one row); -1 marks padding, which no real token sees. None: one segment per row (right padding needs
       nothing more: causal attention already hides it from real tokens).
-    start_layer, residual: resume at layer `start_layer` (int32 scalar) from the residual stream [M|1, R, S, D]
-      entering it, instead of embedding `tokens`; the layers below are skipped (exact when no mask ablates anything
-      there and `residual` is the unablated model's, `return_residuals`). Their keys/values come out as zeros.
-    return_residuals: also return the residual stream entering every layer, [L, M, R, S, D].
+    start: resume at a later layer from a residual stream (`Resume`) instead of embedding `tokens`.
+    outputs: what to return besides the hidden states (`OutputSpec`).
     dtype: activation dtype; defaults to the parameter dtype.
     """
     cfg = self.config
     dtype = dtype or self.param_dtype
-    m = tokens.shape[0]
-    if collect_sums and start_layer is not None:
-      raise ValueError("collect_sums needs every layer: it cannot start at a later layer")
+    if outputs.unit_sums and start is not None:
+      raise ValueError("unit sums need every layer: a forward pass that collects them cannot resume at a later layer")
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, param_dtype=self.param_dtype,
                      embedding_init=nn.initializers.normal(0.02), name="embed")
     if not cfg.tie_word_embeddings:
       self.param("lm_head", nn.initializers.normal(0.02), (cfg.hidden_size, cfg.vocab_size), self.param_dtype)
-    if start_layer is None:
+    if start is None:
       x = embed(tokens).astype(dtype)
     else:
-      x = jnp.broadcast_to(residual.astype(dtype), tokens.shape + (cfg.hidden_size,))
+      x = jnp.broadcast_to(start.residual.astype(dtype), tokens.shape + (cfg.hidden_size,))
     cos, sin = rotary_tables(cfg, positions)
     ablation = ablation or Ablation()
-    per_layer: dict[str, Array] = {"index": jnp.arange(cfg.num_layers)}
-    if ablation.head_mask is not None:
-      per_layer["head_mask"] = jnp.swapaxes(ablation.head_mask, 0, 1).reshape(
-          cfg.num_layers, m, cfg.num_kv_heads, cfg.queries_per_kv)
-      if ablation.head_fill is not None:
-        per_layer["head_fill"] = ablation.head_fill.reshape(cfg.num_layers, cfg.num_kv_heads, cfg.queries_per_kv,
-                                                            cfg.head_dim)
-    if ablation.neuron_mask is not None:
-      per_layer["neuron_mask"] = jnp.swapaxes(ablation.neuron_mask, 0, 1)  # [L, M, F]
-      if ablation.neuron_fill is not None:
-        per_layer["neuron_fill"] = ablation.neuron_fill
-    if collect_sums and segments is None:
+    if outputs.unit_sums and segments is None:
       segments = jnp.zeros(tokens.shape, jnp.int32)
-    shared = {"cos": cos, "sin": sin, "segments": segments, "neuron_where": ablation.neuron_where,
-              "start_layer": start_layer}
-    if context is not None:
-      per_layer["context_k"], per_layer["context_v"] = context.k, context.v
-      shared["context_valid"] = context.valid
+    layer = LayerInputs.build(cfg, ablation, context, tokens.shape[0])
+    shared = SharedInputs(cos, sin, segments, ablation.neuron_where, None if context is None else context.valid,
+                          None if start is None else start.layer)
     layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-                     in_axes=(0, nn.broadcast), length=cfg.num_layers)(
-                         cfg, self.param_dtype, return_kv, collect_sums, return_residuals, name="layers")
-    x, outputs = layers(x, per_layer, shared)
+                     in_axes=(0, nn.broadcast), length=cfg.num_layers)(cfg, self.param_dtype, outputs, name="layers")
+    x, stacked = layers(x, layer, shared)
     hidden = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="final_norm")(x)
-    return ModelOutput(hidden, outputs.get("k"), outputs.get("v"), outputs.get("head_sums"),
-                       outputs.get("neuron_sums"), outputs.get("residual"))
+    return ModelOutput(hidden, stacked.k, stacked.v, stacked.head_sums, stacked.neuron_sums, stacked.residual)
 
 
 def lm_logits(config: ModelConfig, params, hidden: Array) -> Array:

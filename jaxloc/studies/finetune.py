@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from jaxloc.engine import mesh as mesh_lib, scoring
+from jaxloc.engine import attribution, mesh as mesh_lib
 from jaxloc.errors import UserError
 from jaxloc.models.llama import Ablation
 
@@ -58,8 +58,8 @@ class Training:
 
 
 def _loss(module, config, params, ablation, prefix, rows, weights, dtype):
-  value = scoring.mask_objective(module, config, params, ablation, prefix, rows, weights, jnp.zeros_like(weights),
-                                 dtype)
+  value = attribution.mask_objective(module, config, params, ablation, prefix, rows, weights,
+                                     jnp.zeros_like(weights), dtype)
   return -value.sum()
 
 
@@ -68,7 +68,7 @@ def finetune(engine, requests, neurons: Sequence[tuple[int, int]], *, steps: int
   """Adam on the neurons' parameters for `steps` full-batch steps of the requests' mean negative log-probability."""
   if steps < 1 or learning_rate <= 0:
     raise UserError(f"fine-tuning needs steps ≥ 1 and a positive learning rate, got {steps} and {learning_rate}")
-  c = engine.config
+  c = engine.model_config
   lay, _ = engine.prepare(requests, 1)
   replicated = mesh_lib.replicated(engine.mesh)
   prefix = mesh_lib.put(lay.prefix, replicated) if len(lay.prefix) else None

@@ -97,7 +97,7 @@ def compare(engine, heads: RunUnits, neurons: RunUnits, tasks, head_counts: Sequ
             ablation: str = "zero") -> dict[str, Any]:
   """Every task's relative drop (held out) under the top and random heads and neurons at each budget; `tasks` are
   `held_out_tasks(heads.info)`."""
-  c = engine.config
+  c = engine.model_config
   if not head_counts or min(head_counts) < 1:
     raise UserError(f"--head_counts must be positive, got {list(head_counts)}")
   neuron_counts = [k * c.head_dim for k in head_counts]

@@ -141,10 +141,10 @@ class Evaluator:
 
   @property
   def units_per_layer(self) -> int:
-    return units_per_layer(self.engine.config, self.unit)
+    return units_per_layer(self.engine.model_config, self.unit)
 
   def _all_kept(self) -> np.ndarray:
-    return np.ones((1, self.engine.config.num_layers, self.units_per_layer), np.float32)
+    return np.ones((1, self.engine.model_config.num_layers, self.units_per_layer), np.float32)
 
   def requests(self, docs: Sequence[Doc] | None = None) -> list[ScoringRequest | GenerationRequest]:
     """The task's requests on its documents (or on `docs`), tokenized by the engine's tokenizer."""

@@ -66,7 +66,7 @@ def compare(engine, hf_model, tokenizer, task: HarnessTask, docs: Sequence[Doc],
   """jaxloc and lm-eval on `task` and `docs`, unablated and with `heads` ablated (module docstring):
   {"task", "num_docs", "rows": [{"heads", "metrics": {name: {"jaxloc", "lm_eval"}}, "max_abs_logprob_diff",
   "identical_generations"}]}."""
-  c = engine.config
+  c = engine.model_config
   head_sets = [[], parse_heads(heads, c.num_layers, c.num_heads)] if heads else [[]]
   masks = np.stack([keep_mask(h, c.num_layers, c.num_heads) for h in head_sets])
   # One evaluation gives both the task's metrics and the per-request responses compared below.

@@ -248,11 +248,12 @@ def test_synthetic_evaluator_is_a_fixed_function_of_the_mask():
 
 
 def test_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
+  from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
   from jaxloc.tasks.evaluation import Evaluator, load_task
   from tests.tiny import make_tiny
 
-  engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
+  engine = Engine(make_tiny(smollm2.tokenizer), EngineConfig(tokens_per_batch=256))
   task, docs = load_task("counting", num_samples=6, seed=0, data_dir=None)
   problem, cache = problems.real_problem(Evaluator(engine, "counting", task, docs), "tiny", output_dir=str(tmp_path),
                                          num_samples=6, sample_seed=0, part="all", headline_metric="logprob")
@@ -273,11 +274,12 @@ def test_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
 
 
 def test_learned_mask_trains_once_per_seed_and_pays_its_training_in_evaluations(smollm2, tmp_path):
+  from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
   from jaxloc.tasks.evaluation import Evaluator, load_task
   from tests.tiny import make_tiny
 
-  engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
+  engine = Engine(make_tiny(smollm2.tokenizer), EngineConfig(tokens_per_batch=256))
   task, docs = load_task("counting", num_samples=6, seed=0, data_dir=None)
   problem, _ = problems.real_problem(Evaluator(engine, "counting", task, docs), "tiny", output_dir=str(tmp_path),
                                      num_samples=6, sample_seed=0, part="all", headline_metric="logprob")
@@ -300,12 +302,13 @@ def test_learned_mask_trains_once_per_seed_and_pays_its_training_in_evaluations(
                                             ("two_stage", dict(num_masks=12, ablation_rate=0.2))])
 def test_benchmark_and_localize_give_the_same_ranking(smollm2, tmp_path, method, options):
   """The benchmark drives the shipped method: same seed and budget, same measurements, same heads."""
+  from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
   from jaxloc.localize.run import localize
   from jaxloc.tasks.evaluation import Evaluator, load_task
   from tests.tiny import make_tiny
 
-  engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
+  engine = Engine(make_tiny(smollm2.tokenizer), EngineConfig(tokens_per_batch=256))
   cfg = sweep.EfficiencyConfig(output_dir=str(tmp_path / "bench"), headline_metric="logprob", top_k=5)
   base = cfg.base_settings("counting")
   task, docs = load_task("counting", num_samples=6, seed=base.seed, data_dir=None)
@@ -324,13 +327,14 @@ def test_benchmark_and_localize_give_the_same_ranking(smollm2, tmp_path, method,
 def test_every_method_is_also_judged_on_held_out_documents_and_general_tasks(smollm2, tmp_path):
   """run_task ablates each method's top-k on the task's held-out documents and on the general tasks' held-out
   documents (figures equal to evaluating those heads directly); learned_mask trains on the general tasks too."""
+  from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
   from jaxloc.heads import parse_heads
   from jaxloc.report.efficiency import format_tables
   from jaxloc.tasks.evaluation import Evaluator, load_task_split
   from tests.tiny import make_tiny
 
-  engine = Engine(make_tiny(smollm2.tokenizer), tokens_per_batch=256)
+  engine = Engine(make_tiny(smollm2.tokenizer), EngineConfig(tokens_per_batch=256))
   cfg = sweep.EfficiencyConfig(output_dir=str(tmp_path), tasks=["counting"], num_samples=6, validation_samples=4,
                                general_tasks=["plurals", "counting"], methods=["one_shot_greedy", "learned_mask"],
                                budgets=[1.0], seeds=[0], top_k=2, headline_metric="logprob", noise_floor=False)

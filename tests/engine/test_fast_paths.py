@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from jaxloc.engine import scoring
-from jaxloc.engine.engine import Engine, Masks
+from jaxloc.engine.config import EngineConfig
+from jaxloc.engine.engine import Engine
+from jaxloc.engine.masks import Masks
 from jaxloc.engine.requests import ScoringRequest
 
 SHOTS = "".join(f"Q: {a} plus {b}?\nA: {a + b}\n\n" for a, b in [(2, 3), (4, 1), (5, 2)])
@@ -36,11 +38,11 @@ def test_packed_rows_score_as_one_request_per_row(tiny_model, shared):
   requests = mixed_requests(23, seed=1, shared=shared)
   rng = np.random.default_rng(0)
   masks = (rng.random((5, tiny_model.config.num_layers, tiny_model.config.num_heads)) > 0.3).astype(np.float32)
-  packed = Engine(tiny_model, residual_cache_bytes=0)
+  packed = Engine(tiny_model, EngineConfig(residual_cache_gb=0))
   layout, _ = packed.prepare(requests, len(masks))
   assert max(int((c.rows.segments >= 0).sum(1).max()) for c in layout.chunks) > 0
   assert any(len(set(row[row >= 0])) > 1 for c in layout.chunks for row in c.rows.segments)  # rows hold several
-  unpacked = Engine(tiny_model, pack=False, residual_cache_bytes=0)
+  unpacked = Engine(tiny_model, EngineConfig(pack=False, residual_cache_gb=0))
   a, b = packed.score(requests, masks), unpacked.score(requests, masks)
   assert np.abs(a.logprob - b.logprob).max() < 1e-4
   assert np.array_equal(a.is_greedy, b.is_greedy)
@@ -76,8 +78,9 @@ def test_start_layer_matches_full_computation(tiny_model):
   rng = np.random.default_rng(1)
   random = (rng.random((3, config.num_layers, config.num_heads)) > 0.2).astype(np.float32)
   masks = np.concatenate([heads[::-1], random, np.ones((1, config.num_layers, config.num_heads), np.float32)])
-  fast = Engine(tiny_model, tokens_per_batch=100)  # a few masks per call, so batches can start at different layers
-  full = Engine(tiny_model, tokens_per_batch=100, residual_cache_bytes=0)
+  # A few masks per call, so batches can start at different layers.
+  fast = Engine(tiny_model, EngineConfig(tokens_per_batch=100))
+  full = Engine(tiny_model, EngineConfig(tokens_per_batch=100, residual_cache_gb=0))
   assert fast.masks_per_call(requests, len(masks)) < len(masks) // 3
   a, b = fast.score(requests, masks), full.score(requests, masks)
   assert np.abs(a.logprob - b.logprob).max() < 1e-4
@@ -99,14 +102,14 @@ def test_grouped_batches_come_back_in_mask_order(tiny_model):
   requests = mixed_requests(6, seed=3)
   heads = single_head_masks(config)
   order = np.random.default_rng(2).permutation(len(heads))
-  engine = Engine(tiny_model, tokens_per_batch=300)
+  engine = Engine(tiny_model, EngineConfig(tokens_per_batch=300))
   slices = []
   logprob = np.zeros((len(heads), len(requests)), np.float32)
   for where, out in engine.score_batches(requests, heads[order]):
     slices.append(where)
     logprob[where] = out.logprob
   assert [s.start for s in slices] == [0] + [s.stop for s in slices[:-1]] and slices[-1].stop == len(heads)
-  expected = Engine(tiny_model, residual_cache_bytes=0).score(requests, heads[order]).logprob
+  expected = Engine(tiny_model, EngineConfig(residual_cache_gb=0)).score(requests, heads[order]).logprob
   assert np.abs(logprob - expected).max() < 1e-4
 
 
@@ -125,12 +128,12 @@ def test_start_layers_of_masks(tiny_model):
 def test_residual_cache_too_small_falls_back_to_layer_zero(tiny_model, caplog):
   requests = mixed_requests(5, seed=4)
   heads = single_head_masks(tiny_model.config)
-  engine = Engine(tiny_model, residual_cache_bytes=1)
+  engine = Engine(tiny_model, EngineConfig(residual_cache_gb=2**-30))
   with caplog.at_level(logging.WARNING):
     a = engine.score(requests, heads)
   assert "over the residual cache" in caplog.text and "--residual_cache_gb" in caplog.text
   assert engine.stats.layer_tokens == engine.stats.tokens * tiny_model.config.num_layers
-  b = Engine(tiny_model, residual_cache_bytes=0).score(requests, heads)
+  b = Engine(tiny_model, EngineConfig(residual_cache_gb=0)).score(requests, heads)
   assert np.abs(a.logprob - b.logprob).max() < 1e-4
 
 
@@ -138,7 +141,7 @@ def test_residual_cache_must_be_under_the_memory_budget(tiny_model):
   from jaxloc.errors import UserError
 
   with pytest.raises(UserError, match="residual cache"):
-    Engine(tiny_model, memory_budget_bytes=1 << 20, residual_cache_bytes=1 << 21)
+    Engine(tiny_model, EngineConfig(memory_budget_gb=1 / 1024, residual_cache_gb=2 / 1024))
 
 
 def test_shared_prefill_generates_as_full_prefill(tiny_model):
@@ -147,8 +150,8 @@ def test_shared_prefill_generates_as_full_prefill(tiny_model):
   config = tiny_model.config
   prompts = [[5, 9, 3, 7, 11, 2, 8], [4, 4, 6], [12, 3, 9, 9, 1]]
   heads = single_head_masks(config)
-  fast = Engine(tiny_model, generation_batch=4)
-  full = Engine(tiny_model, generation_batch=4, residual_cache_bytes=0)
+  fast = Engine(tiny_model, EngineConfig(generation_batch=4))
+  full = Engine(tiny_model, EngineConfig(generation_batch=4, residual_cache_gb=0))
   a = fast.generate_tokens(prompts, heads, max_new_tokens=6)
   b = full.generate_tokens(prompts, heads, max_new_tokens=6)
   assert fast.stats.calls == full.stats.calls + 1  # the shared prefill ran (once)
@@ -159,6 +162,6 @@ def test_shared_prefill_generates_as_full_prefill(tiny_model):
 def test_one_mask_generation_skips_the_shared_prefill(tiny_model):
   """Each prompt under a single mask: a shared prefill would only add work, so none runs."""
   heads = single_head_masks(tiny_model.config)[-1:]
-  engine = Engine(tiny_model, generation_batch=4)
+  engine = Engine(tiny_model, EngineConfig(generation_batch=4))
   engine.generate_tokens([[5, 9, 3], [4, 4, 6, 1]], heads, max_new_tokens=3)
   assert engine.stats.calls == 1

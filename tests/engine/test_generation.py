@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.generation import stop_tables, truncate_at_stop
 from jaxloc.engine.requests import GenerationRequest
@@ -91,15 +92,15 @@ def test_generation_batches_equal_one_by_one(tiny_model):
   masks = np.ones((3, 3, 6), np.float32)
   masks[1, 0, 2] = 0
   masks[2, 2, 5] = 0
-  batched = Engine(tiny_model, generation_batch=16).generate(requests, masks)
-  one_at_a_time = Engine(tiny_model, generation_batch=1)
+  batched = Engine(tiny_model, EngineConfig(generation_batch=16)).generate(requests, masks)
+  one_at_a_time = Engine(tiny_model, EngineConfig(generation_batch=1))
   single = [[one_at_a_time.generate([r], m[None])[0][0] for r in requests] for m in masks]
   assert batched == single
 
 
 def test_padding_rows_do_not_keep_the_loop_running(tiny_model):
   """A batch with filler rows ends when its real sequences stop, not after max_new_tokens."""
-  engine = Engine(tiny_model, generation_batch=8)
+  engine = Engine(tiny_model, EngineConfig(generation_batch=8))
   tok = tiny_model.tokenizer
   # Stopping on every character that can appear ends each real sequence at its first token.
   stops = tuple(chr(c) for c in range(32, 127)) + ("\n",)
@@ -110,7 +111,7 @@ def test_padding_rows_do_not_keep_the_loop_running(tiny_model):
   one_batch_seconds = engine.stats.seconds - before
   del tok
   # 512 decode steps of an 8-row batch take far longer than a handful; a runaway loop would show.
-  steps = Engine(tiny_model, generation_batch=8)
+  steps = Engine(tiny_model, EngineConfig(generation_batch=8))
   long = [GenerationRequest("Hello there", stop=(), max_new_tokens=512)]
   steps.generate(long, np.ones((1, 3, 6)))
   before = steps.stats.seconds

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxloc.bench import memory
-from jaxloc.engine import batching
+from jaxloc.engine import planner
 from jaxloc.models.presets import PRESETS
 
 PLURALS = memory.TaskShape("plurals", 100, 3.43, 5, 16, 2)
@@ -27,4 +27,4 @@ def test_the_planner_shrinks_a_call_to_the_budget():
   big = memory.plan(config, PLURALS, jnp.float32, 8 * memory.GIB, 65536)
   small = memory.plan(config, PLURALS, jnp.float32, big.estimated_bytes // 4, 65536)
   assert small.masks_per_call < big.masks_per_call and small.estimated_bytes <= big.estimated_bytes // 4
-  assert batching.accelerator_budget(10 * memory.GIB, 2 * memory.GIB) == int(0.6 * 8 * memory.GIB)
+  assert planner.accelerator_budget(10 * memory.GIB, 2 * memory.GIB) == int(0.6 * 8 * memory.GIB)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from jaxloc.engine import scoring
+from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import ScoringRequest
 from jaxloc.errors import UserError
@@ -91,7 +92,8 @@ def _probability(loaded, sequence, start, neuron_scale):
   tokens = jnp.asarray(sequence)[None, None]
   where = (jnp.arange(len(sequence)) == start - 1)[None, None]
   ablation = Ablation(neuron_mask=jnp.full((1, c.num_layers, c.intermediate_size), neuron_scale), neuron_where=where)
-  out = loaded.module.apply({"params": loaded.params}, tokens, jnp.arange(len(sequence))[None, None], ablation)
+  out = loaded.module.apply({"params": loaded.params}, tokens, jnp.arange(len(sequence))[None, None],
+                           ablation=ablation)
   logits = np.asarray(lm_logits(c, loaded.params, out.hidden))[0, 0]
   logprobs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(
       -1, keepdims=True)
@@ -103,11 +105,11 @@ def test_integrated_gradients_are_complete(tiny_model):
   context position zeroed, up to the Riemann error of the path (shrinking with steps); a shared prefix changes
   nothing."""
   requests = few_shot_requests(6, seed=5) + [ScoringRequest("Question: What is 7 plus 1?\nAnswer:", " 8 and 1")]
-  shared = Engine(tiny_model, share_prefix=True)
+  shared = Engine(tiny_model, EngineConfig(share_prefix=True))
   assert len(shared.prepare(requests, 1)[0].prefix) > 0
   attribution = shared.neuron_attribution(requests, steps=64)
   assert attribution.shape == (len(requests), 3, 64)
-  unshared = Engine(tiny_model, share_prefix=False).neuron_attribution(requests, steps=64)
+  unshared = Engine(tiny_model, EngineConfig(share_prefix=False)).neuron_attribution(requests, steps=64)
   assert np.abs(attribution - unshared).max() < 1e-5 + 1e-3 * np.abs(attribution).max()
   tokenized = scoring.tokenize(tiny_model.tokenizer, requests, tiny_model.config.max_position_embeddings)
   for i, (sequence, start) in enumerate(zip(tokenized.sequences, tokenized.target_start)):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import ScoringRequest
 from jaxloc.engine import batching, scoring
@@ -27,10 +28,10 @@ def random_masks(config, n, ablated=4, seed=0):
 def test_shared_prefix_equals_unshared(tiny_model):
   requests = few_shot_requests(12)
   masks = random_masks(tiny_model.config, 5)
-  shared = Engine(tiny_model, share_prefix=True)
+  shared = Engine(tiny_model, EngineConfig(share_prefix=True))
   assert len(shared.prepare(requests, 5)[0].prefix) > 20
   a = shared.score(requests, masks)
-  b = Engine(tiny_model, share_prefix=False).score(requests, masks)
+  b = Engine(tiny_model, EngineConfig(share_prefix=False)).score(requests, masks)
   assert np.abs(a.logprob - b.logprob).max() < 1e-4
   assert np.array_equal(a.is_greedy, b.is_greedy)
   assert np.abs(a.logprob[1:] - a.logprob[0]).max() > 1e-2  # the masks matter
@@ -39,7 +40,7 @@ def test_shared_prefix_equals_unshared(tiny_model):
 def test_mask_batch_equals_masks_one_at_a_time(tiny_model):
   requests = few_shot_requests(7, seed=1)
   masks = random_masks(tiny_model.config, 6, seed=1)
-  engine = Engine(tiny_model, tokens_per_batch=100_000)
+  engine = Engine(tiny_model, EngineConfig(tokens_per_batch=100_000))
   assert engine.masks_per_call(requests, len(masks)) == 8  # 6 masks ride one call, padded to the ladder's 8
   batched = engine.score(requests, masks)
   one_at_a_time = Engine(tiny_model)
@@ -73,7 +74,7 @@ def test_scores_match_transformers_on_smollm2(smollm2, smollm2_engine, smollm2_t
 def test_bucketing_bounds_compilations(tiny_model):
   """30 request sets of different lengths compile a few shapes per length bucket (scoring from layer 0, from a later
   layer, and the residual streams that allows), not one per set or mask."""
-  engine = Engine(tiny_model, share_prefix=False, tokens_per_batch=4096)
+  engine = Engine(tiny_model, EngineConfig(share_prefix=False, tokens_per_batch=4096))
   masks = random_masks(tiny_model.config, 3)
   rng = np.random.default_rng(0)
   for n in range(30):
@@ -172,7 +173,7 @@ def test_retained_probability_of_soft_masks_and_its_gradient(tiny_model):
 def test_request_chunks_are_balanced(tiny_model):
   """100 requests that do not fit one call are cut into equal chunks, not 97 + a padded 3."""
   requests = few_shot_requests(100, seed=5)
-  engine = Engine(tiny_model, share_prefix=False, pack=False, tokens_per_batch=2000)
+  engine = Engine(tiny_model, EngineConfig(share_prefix=False, pack=False, tokens_per_batch=2000))
   layout, _ = engine.prepare(requests, 1)
   sizes = [int((c.index >= 0).sum()) for c in layout.chunks]
   assert len(sizes) > 1 and max(sizes) - min(sizes) <= 1
@@ -182,11 +183,11 @@ def test_request_chunks_are_balanced(tiny_model):
 def test_masks_per_call_come_from_a_small_ladder(tiny_model):
   """Fewer masks than a full call round up to a power of two (capped at the full call), so a run's baseline,
   validation curves and single-head checks reuse a few compiled shapes whatever their counts."""
-  from jaxloc.engine import batching
+  from jaxloc.engine.planner import Planner
 
-  plans = {m: batching.plan_scoring(tiny_model.config, num_masks=m, num_requests=10, mean_seq=8.0, max_seq=8,
-                                    context=0, max_targets=2, dtype_bytes=4, tokens_per_batch=80 * 24,
-                                    memory_budget=1 << 30).masks_per_call for m in range(1, 40)}
+  planner = Planner(tiny_model.config, budget=1 << 30, tokens_per_batch=80 * 24, dtype_bytes=4)
+  plans = {m: planner.scoring(num_masks=m, num_requests=10, mean_seq=8.0, max_seq=8, context=0,
+                              max_targets=2).masks_per_call for m in range(1, 40)}
   full = plans[39]
   assert full == 24
   assert set(plans.values()) == {1, 2, 4, 8, 16, 24}
@@ -206,7 +207,7 @@ def test_float32_activations_over_bfloat16_weights(tiny_model):
   bf16 = dataclasses.replace(tiny_model, params=jax.tree.map(lambda p: p.astype(jnp.bfloat16), tiny_model.params),
                              dtype=jnp.bfloat16)
   reference = Engine(tiny_model).score(requests, masks).logprob
-  mixed_engine = Engine(bf16, activation_dtype=jnp.float32)
+  mixed_engine = Engine(bf16, EngineConfig(activation_dtype="float32"))
   assert mixed_engine.params["embed"]["embedding"].dtype == jnp.bfloat16 and mixed_engine.dtype == jnp.float32
   pure = np.abs(Engine(bf16).score(requests, masks).logprob - reference).max()
   mixed = np.abs(mixed_engine.score(requests, masks).logprob - reference).max()

@@ -24,8 +24,8 @@ def test_the_interval_of_a_drop_is_paired_over_documents_and_covers_it():
 class _CountingEvaluator:
   """Scores each document 1 per kept head in layer 0 and counts the masks it is asked to run."""
 
-  class engine:  # noqa: N801 - the face validate reads: engine.config
-    class config:  # noqa: N801
+  class engine:  # noqa: N801 - the face validate reads: engine.model_config
+    class model_config:  # noqa: N801
       num_layers, num_heads = 2, 3
 
   name, docs, unit, units_per_layer = "t", [0, 1, 2], "heads", 3

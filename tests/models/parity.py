@@ -10,7 +10,7 @@ def logits(model, ids, head_mask=None, neuron_mask=None) -> np.ndarray:
   """jaxloc's logits [tokens, vocab] for one token sequence, under optional keep-masks [1, L, H] / [1, L, F]."""
   tokens = jnp.asarray(ids)[None, None]
   ablation = Ablation(head_mask=head_mask, neuron_mask=neuron_mask)
-  out = model.module.apply({"params": model.params}, tokens, jnp.arange(len(ids))[None, None], ablation)
+  out = model.module.apply({"params": model.params}, tokens, jnp.arange(len(ids))[None, None], ablation=ablation)
   return np.asarray(lm_logits(model.config, model.params, out.hidden))[0, 0]
 
 

@@ -65,7 +65,7 @@ def _jax_logits(loaded, tokens, positions=None, head_mask=None, segments=None, n
   if positions is None:
     positions = jnp.arange(tokens.shape[-1])[None, None]
   out = loaded.module.apply({"params": loaded.params}, tokens, jnp.asarray(positions),
-                            Ablation(head_mask=head_mask, neuron_mask=neuron_mask), segments=segments)
+                            ablation=Ablation(head_mask=head_mask, neuron_mask=neuron_mask), segments=segments)
   return np.asarray(lm_logits(loaded.config, loaded.params, out.hidden))[:, 0]
 
 

@@ -1,5 +1,7 @@
 """Fine-tuning chosen neurons moves only their parameters and raises the trained log-probability."""
 
+import dataclasses
+
 import jax
 import numpy as np
 
@@ -15,7 +17,7 @@ def test_only_the_neurons_parameters_move_and_the_loss_falls(smollm2):
   neurons = [(0, 5), (2, 63)]
   trained = finetune.finetune(engine, requests, neurons, steps=5, learning_rate=1e-2)
   assert trained.losses[-1] < trained.losses[0]
-  d = engine.config.hidden_size
+  d = engine.model_config.hidden_size
   assert trained.trained_parameters == len(neurons) * 3 * d
   before, after = engine.params, trained.params
   moved = jax.tree_util.tree_map(lambda a, b: np.asarray(a != b), before, after)
@@ -24,6 +26,6 @@ def test_only_the_neurons_parameters_move_and_the_loss_falls(smollm2):
   total = sum(int(m.sum()) for m in jax.tree_util.tree_leaves(moved))
   assert total == trained.trained_parameters  # nothing else changed, not one bit
   # The trained model scores the training requests higher.
-  tuned = Engine(engine.model.__class__(**{**engine.model.__dict__, "params": after}))
-  ones = np.ones((1, engine.config.num_layers, engine.config.num_heads), np.float32)
+  tuned = Engine(dataclasses.replace(engine.model, params=after), engine.config)
+  ones = np.ones((1, engine.model_config.num_layers, engine.model_config.num_heads), np.float32)
   assert tuned.score(requests, ones).logprob.mean() > engine.score(requests, ones).logprob.mean()

@@ -1,0 +1,41 @@
+"""The engine's settings: one frozen dataclass, whose fields are also the command-line flags (`jaxloc.cli`).
+
+    engine = Engine(model, EngineConfig(tokens_per_batch=256))
+    plain = Engine(model, dataclasses.replace(engine.config, pack=False, residual_cache_gb=0))
+
+A field left None (or "auto") takes its default for the machine and the model when an engine is built
+(`planner.resolve`); `engine.config` holds the resolved values, so a variant made from it with
+`dataclasses.replace` keeps the original's budgets. The mesh is not settings but the devices: it is given apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  """How an engine cuts and runs its work (the metadata holds each field's flag help and bounds)."""
+
+  memory_budget_gb: float | None = dataclasses.field(default=None, metadata={
+      "type": float, "lower": 0.01, "help": "Activation memory per compiled call (default: 60% of free device memory "
+                                            "on accelerators, min(8, RAM/4) GiB on CPU)."})
+  tokens_per_batch: int | None = dataclasses.field(default=None, metadata={
+      "type": int, "lower": 1, "help": "Token rows per compiled scoring call (default 2048 on CPU, 65536 on "
+                                       "accelerators)."})
+  generation_batch: int | None = dataclasses.field(default=None, metadata={
+      "type": int, "lower": 1, "help": "Sequences per generation call (default from the memory budget)."})
+  share_prefix: bool = dataclasses.field(default=True, metadata={
+      "help": "Compute the few-shot prefix shared by all requests once per mask."})
+  pack: bool = dataclasses.field(default=True, metadata={
+      "help": "Pack several short requests into one row (each sees only itself and the shared prefix); --nopack "
+              "gives one request per row."})
+  residual_cache_gb: float | None = dataclasses.field(default=None, metadata={
+      "type": float, "lower": 0, "help": "Room, within --memory_budget_gb, for the unablated model's residual streams, "
+                                         "so that masks start at the first layer they ablate and generation rows share "
+                                         "their prompts' prefill below it (default a quarter of the budget; 0 turns "
+                                         "it off). Request sets that do not fit start at layer 0, with a warning."})
+  activation_dtype: str = dataclasses.field(default="auto", metadata={
+      "choices": ("auto", "float32", "bfloat16"),
+      "help": "Activation dtype (residual stream and matmul inputs); auto = --dtype. float32 with --dtype=bfloat16 "
+              "keeps bfloat16 weights in memory and computes in float32."})

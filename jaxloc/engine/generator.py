@@ -1,0 +1,197 @@
+"""The generation job of an engine: greedy continuations of many prompts under many masks, cut at stop strings.
+
+Axes: `masks` M, `requests` R; a call's rows are (mask, prompt) pairs, left-padded to one width, as many as the
+planner fits (`Planner.generation_rows`). Rows whose masks ablate nothing below layer l resume there from the
+prompts' unablated prefill, computed once per prompt when it fits the residual cache and saves work. The compiled
+loop is `generation.py`'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Callable, Iterator, Sequence
+
+import jax
+import numpy as np
+
+from jaxloc.engine import batching, generation
+from jaxloc.engine.masks import Fills, Masks, check_fills, check_masks, start_layers
+from jaxloc.engine.mesh import to_host
+from jaxloc.engine.planner import GIB
+from jaxloc.engine.requests import GenerationRequest
+from jaxloc.engine.shared import Shared
+from jaxloc.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class Generator:
+  """`Engine.generate` and `Engine.generate_tokens`."""
+
+  def __init__(self, shared: Shared):
+    self.shared = shared
+    module, config, dtype = shared.module, shared.model_config, shared.placement.dtype
+    self._generate_fn = jax.jit(functools.partial(generation.greedy_generate, module, config, dtype=dtype),
+                                static_argnames=("max_new_tokens", "pad_id"))
+    self._streams_fn = jax.jit(functools.partial(generation.prompt_streams, module, dtype=dtype))
+    self.jitted = (self._generate_fn, self._streams_fn)
+    self._stop_cache: dict = {}
+    self._token_strings: list[str] | None = None
+
+  def _stop_tables(self, stops: tuple[str, ...]):
+    """Device tables of the stop-string automaton for `stops` (cached; the vocabulary is decoded once)."""
+    if stops not in self._stop_cache:
+      vocab = self.shared.model_config.vocab_size
+      if stops and self._token_strings is None:
+        tok = self.shared.model.tokenizer
+        known = len(tok)  # embedding rows past the tokenizer's vocabulary are never-emitted padding
+        self._token_strings = [tok.decode([i], skip_special_tokens=True) if i < known else "" for i in range(vocab)]
+      strings = self._token_strings if stops else [""] * vocab
+      tables = generation.stop_tables(strings, stops)
+      self._stop_cache[stops] = tuple(self.shared.placement.put(t) for t in tables)
+    return self._stop_cache[stops]
+
+  def _eos_ids(self) -> list[int]:
+    tok = self.shared.model.tokenizer
+    extra = [tok.eos_token_id] if tok is not None and tok.eos_token_id is not None else []
+    return sorted({*self.shared.model_config.eos_token_ids, *extra}) or [-1]
+
+  def _generate_pairs(self, prompt_ids: Sequence[Sequence[int]], pairs: Sequence[tuple[int, int]],
+                      masks: Masks, fill: Fills, stops: tuple[str, ...], max_new: int,
+                      progress: Callable[[int], None] | None = None) -> Iterator[tuple[tuple[int, int], list[int]]]:
+    """Greedy tokens for each (mask index, prompt index) pair, in left-padded batches of one compiled loop.
+
+    Yields ((mask, prompt), generated ids up to and including the stop token) as batches finish.
+    """
+    if not pairs:
+      return
+    shared, place = self.shared, self.shared.placement
+    num_layers, pad_id = shared.model_config.num_layers, shared.pad_id
+    stop_next, stop_hit = self._stop_tables(stops)
+    eos_ids = place.put(np.asarray(self._eos_ids(), np.int32))
+    max_new_bucket = batching.bucket_pow2(max_new)
+    longest = max(len(prompt_ids[i]) for _, i in pairs)
+    batch = shared.planner.generation_rows(batching.bucket(longest), max_new_bucket, len(pairs))
+    rows1, rows2, rows3 = (place.split(n) for n in (1, 2, 3))
+    starts = (start_layers(shared.model_config, masks) if shared.planner.residual_cache
+              else np.zeros(len(masks), np.int64))
+    streams = None
+    if starts.max() > 0:
+      # Rows resume at their batch's lowest first ablated layer from the prompts' unablated prefill (computed once
+      # per prompt) when that computes fewer prompt tokens × layers than every row prefilling itself. Batches pad
+      # to their longest prompt: keep the callers' order (one prompt under many masks per batch, little padding)
+      # or group rows by start layer, whichever costs less.
+      by_start = sorted(pairs, key=lambda pair: starts[pair[0]])
+      order = min((pairs, by_start), key=lambda o: self._prefill_cost(o, prompt_ids, starts, batch))
+      distinct = sorted({i for _, i in pairs})
+      shared_cost = (len(distinct) * batching.bucket(max(len(prompt_ids[i]) for i in distinct)) * num_layers
+                     + self._prefill_cost(order, prompt_ids, starts, batch))
+      if shared_cost < self._prefill_cost(pairs, prompt_ids, np.zeros_like(starts), batch):
+        streams = self._prompt_streams(prompt_ids, distinct)
+    if streams is not None:
+      prompts, streams = streams
+      pairs = order
+    for begin in range(0, len(pairs), batch):
+      start = time.perf_counter()
+      chunk = pairs[begin:begin + batch]
+      width = batching.bucket(max(len(prompt_ids[i]) for _, i in chunk))
+      prompt = np.full((batch, width), pad_id, np.int32)
+      valid = np.zeros((batch, width), bool)
+      for row in range(batch):  # rows past the chunk repeat its first prompt (inactive, never read)
+        ids = list(prompt_ids[(chunk[row] if row < len(chunk) else chunk[0])[1]])[-width:]
+        prompt[row, width - len(ids):] = ids
+        valid[row, width - len(ids):] = True
+      row_masks = masks.rows(np.array([m for m, _ in chunk], np.int64)).padded(batch)
+      layer = min(int(min(starts[m] for m, _ in chunk)), num_layers - 1)
+      resume = None
+      if streams is not None and layer > 0:
+        row_prompt = np.array([prompts[(chunk[row] if row < len(chunk) else chunk[0])[1]] for row in range(batch)],
+                              np.int32)
+        resume = (place.put(np.int32(layer)), place.put(row_prompt, rows1), streams)
+      tokens, lengths = self._generate_fn(
+          place.params, place.ablation(row_masks, fill, rows3), place.put(prompt, rows2), place.put(valid, rows2),
+          place.put(np.arange(batch) < len(chunk), rows1), eos_ids, stop_next, stop_hit, resume,
+          max_new_tokens=max_new_bucket, pad_id=pad_id)
+      tokens, lengths = to_host(tokens), np.minimum(to_host(lengths), max_new)
+      shared.stats.calls += 1
+      shared.stats.seconds += time.perf_counter() - start
+      shared.stats.tokens += int(lengths[:len(chunk)].sum())
+      for row, pair in enumerate(chunk):
+        yield pair, tokens[row, :lengths[row]].tolist()
+      if progress:
+        progress(len(chunk))
+
+  def _prefill_cost(self, pairs, prompt_ids, starts: np.ndarray, batch: int) -> int:
+    """Prompt token rows × layers the prefill computes for `pairs` cut into batches in this order."""
+    num_layers = self.shared.model_config.num_layers
+    cost = 0
+    for begin in range(0, len(pairs), batch):
+      chunk = pairs[begin:begin + batch]
+      layer = min(int(min(starts[m] for m, _ in chunk)), num_layers - 1)
+      cost += batch * batching.bucket(max(len(prompt_ids[i]) for _, i in chunk)) * (num_layers - layer)
+    return cost
+
+  def _prompt_streams(self, prompt_ids, distinct: list[int]):
+    """The unablated prefill (`generation.prompt_streams`) of the prompts `distinct`, left-padded to one width, when
+    it fits the residual cache: ({prompt: row}, device arrays); else None."""
+    shared, place = self.shared, self.shared.placement
+    width = batching.bucket(max(len(prompt_ids[i]) for i in distinct))
+    size = shared.planner.prompt_stream_bytes(len(distinct), width)
+    if not shared.planner.fits_residual_cache(size):
+      log.warning("the unablated prefill of %d prompts needs %.2f GiB, over the residual cache of %.2f GiB: every "
+                  "generation row starts at layer 0 (raise --residual_cache_gb to share it)", len(distinct),
+                  size / GIB, shared.planner.residual_cache / GIB)
+      return None
+    prompt = np.full((len(distinct), width), shared.pad_id, np.int32)
+    valid = np.zeros((len(distinct), width), bool)
+    for row, i in enumerate(distinct):
+      ids = list(prompt_ids[i])[-width:]
+      prompt[row, width - len(ids):] = ids
+      valid[row, width - len(ids):] = True
+    start = time.perf_counter()
+    streams = self._streams_fn(place.params, place.put(prompt), place.put(valid))
+    shared.stats.calls += 1
+    shared.stats.seconds += time.perf_counter() - start
+    return {i: row for row, i in enumerate(distinct)}, streams
+
+  def generate(self, requests: Sequence[GenerationRequest], head_masks=None, head_fill=None,
+               progress: Callable[[int], None] | None = None, *, neuron_masks=None, neuron_fill=None
+               ) -> list[list[str]]:
+    """Greedy continuations [M][R] of every request under every mask, cut at the first stop string."""
+    config = self.shared.model_config
+    masks = check_masks(config, head_masks, neuron_masks)
+    tok = self.shared.model.tokenizer
+    if tok is None:
+      raise UserError("this model directory ships no tokenizer; generation needs one")
+    prompt_ids: dict[int, list[int]] = {}
+    for add_special in (True, False):
+      group = [i for i, r in enumerate(requests) if r.add_special_tokens == add_special]
+      if group:
+        ids = tok([requests[i].context for i in group], add_special_tokens=add_special)["input_ids"]
+        prompt_ids.update(zip(group, ids))
+    fill = self.shared.placement.fills(check_fills(config, head_fill, neuron_fill))
+    texts = [[""] * len(requests) for _ in range(len(masks))]
+    # Requests that share stop strings and a token budget share one compiled loop bound.
+    groups: dict = {}
+    for i, r in enumerate(requests):
+      groups.setdefault((tuple(r.stop), r.max_new_tokens), []).append(i)
+    for (stops, max_new), members in groups.items():
+      members = sorted(members, key=lambda i: len(prompt_ids[i]))  # similar lengths pad together
+      pairs = [(m, i) for i in members for m in range(len(masks))]
+      for (m, i), ids in self._generate_pairs(prompt_ids, pairs, masks, fill, stops, max_new, progress):
+        texts[m][i] = generation.truncate_at_stop(tok.decode(ids, skip_special_tokens=True), stops)
+    return texts
+
+  def generate_tokens(self, prompt_ids: Sequence[Sequence[int]], head_masks, max_new_tokens: int,
+                      head_fill=None, *, neuron_masks=None, neuron_fill=None) -> list[list[list[int]]]:
+    """Greedy token ids [M][R] for pre-tokenized prompts, stopping at EOS only (for parity checks)."""
+    config = self.shared.model_config
+    masks = check_masks(config, head_masks, neuron_masks)
+    out: list[list[list[int]]] = [[[] for _ in prompt_ids] for _ in range(len(masks))]
+    pairs = [(m, i) for m in range(len(masks)) for i in range(len(prompt_ids))]
+    fill = self.shared.placement.fills(check_fills(config, head_fill, neuron_fill))
+    for (m, i), ids in self._generate_pairs(prompt_ids, pairs, masks, fill, (), max_new_tokens):
+      out[m][i] = ids
+    return out

@@ -1,0 +1,237 @@
+"""The engine's one memory planner: every "how many fit" question, answered from one budget.
+
+The budget (`EngineConfig.memory_budget_gb`) bounds the engine's activations: one compiled call's, plus the
+residual cache (`residual_cache_gb`), the unablated residual streams kept across scoring calls so that a batch of
+masks starts at the first layer it ablates. A `Planner` answers, for one engine:
+
+  scoring        masks and requests per call (`scoring`), from `activation_bytes`, which follows XLA's own buffers
+  generation     rows per generation call (`generation_rows`)
+  attribution    requests per integrated-gradients call (`attribution_rows`)
+  mean sums      rows per call of the mean-ablation statistics (`sum_rows`)
+  residual cache whether a request set's streams (`residual_stream_bytes`) or the prompts' shared prefill
+                 (`prompt_stream_bytes`) fit it
+
+Scoring calls get the budget less the residual cache; generation and integrated gradients size their calls against
+the whole budget. Defaults come from the device (`default_memory_budget`, `default_tokens_per_batch`) through
+`resolve`. Axes: `masks` (Mb per call), `requests` (Rb per call), `seq` (S), `context` (P, a shared prefix),
+`targets` (T, continuation tokens scored per request).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+
+from jaxloc.engine.batching import bucket_pow2
+from jaxloc.engine.config import EngineConfig
+from jaxloc.errors import UserError
+from jaxloc.models.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+GIB = 1024**3
+
+
+def gib_bytes(gib: float) -> int:
+  return int(gib * GIB)
+
+
+def default_memory_budget() -> int:
+  """Bytes the engine may use for activations.
+
+  Accelerators: 60% of what the first device reports free (the rest holds parameters, the XLA
+  workspace and fragmentation). CPU: a quarter of physical memory, at most 8 GiB.
+  """
+  device = jax.local_devices()[0]
+  if device.platform != "cpu":
+    stats = device.memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    if limit:
+      return accelerator_budget(limit, stats.get("bytes_in_use", 0))
+    return 8 * GIB
+  try:
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError):
+    physical = 16 * GIB
+  return int(min(8 * GIB, physical / 4))
+
+
+def accelerator_budget(limit: int, in_use: int) -> int:
+  """60% of what an accelerator has free once the parameters are placed."""
+  return int(0.6 * (limit - in_use))
+
+
+def default_tokens_per_batch() -> int:
+  """Token rows per compiled call. Large enough to saturate the matmul units, small enough to stay in cache
+  on CPUs; accelerators want far more rows."""
+  return 2048 if jax.devices()[0].platform == "cpu" else 65536
+
+
+def resolve(config: EngineConfig, model_dtype) -> EngineConfig:
+  """`config` with every default filled in for this machine and a model in `model_dtype`: the device's memory
+  budget and tokens per call, a quarter of the budget for the residual cache, the model's dtype for activations."""
+  if config.memory_budget_gb is not None and config.memory_budget_gb <= 0:
+    raise UserError(f"the memory budget must be positive, got {config.memory_budget_gb} GiB")
+  for name in ("tokens_per_batch", "generation_batch"):
+    value = getattr(config, name)
+    if value is not None and value < 1:
+      raise UserError(f"{name} must be at least 1, got {value}")
+  budget = default_memory_budget() if config.memory_budget_gb is None else gib_bytes(config.memory_budget_gb)
+  cache = budget // 4 if config.residual_cache_gb is None else gib_bytes(config.residual_cache_gb)
+  if not 0 <= cache < budget:
+    raise UserError(f"the residual cache ({cache / GIB:.2f} GiB) must be under the memory budget "
+                    f"({budget / GIB:.2f} GiB)")
+  dtype = jnp.dtype(model_dtype).name if config.activation_dtype == "auto" else config.activation_dtype
+  if not jnp.issubdtype(getattr(jnp, dtype, int), jnp.floating):
+    raise UserError(f"activation dtype {dtype!r} is not a floating-point dtype; use float32 or bfloat16")
+  tokens = default_tokens_per_batch() if config.tokens_per_batch is None else config.tokens_per_batch
+  return dataclasses.replace(config, memory_budget_gb=budget / GIB, tokens_per_batch=tokens,
+                             residual_cache_gb=cache / GIB, activation_dtype=dtype)
+
+
+def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, context: int, targets: int,
+                     dtype_bytes: int) -> int:
+  """Peak bytes beyond the parameters of one scoring step (the prefix call, then the scoring call).
+
+  Layers are scanned, so one layer is live at a time, in one of two phases whose buffers XLA reuses for each
+  other, each with the scan's slice of that layer's weights: attention (per token row, part of the residual and
+  q/k/v before and after rotation; three float32 copies of the attention scores) or the MLP (a residual and two
+  intermediate-size rows; with many rows, 2.5 residuals and three intermediate rows outlast the weight slice).
+  After the layers, the logits phase holds the float32 logits of the scored positions and the final hidden rows.
+  The prefix keys/values (counted 1.5 times: the scan stacks them) stay live through both calls. The coefficients
+  follow XLA's own buffer assignment (`compiled.memory_analysis()`), checked by `experiments.benchmark_memory`
+  over the planned calls and corner shapes of six presets: never under it, at most ~25% over.
+  """
+  c = config
+  kv_dims = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+  weights = (3 * c.hidden_size * c.intermediate_size + c.hidden_size * kv_dims
+             + c.num_heads * c.head_dim * c.hidden_size) * dtype_bytes
+  prefix_kv = 3 * c.num_layers * masks * context * c.num_kv_heads * c.head_dim * dtype_bytes  # 1.5 x (k and v)
+
+  def layer(rows: int, score_elements: int) -> int:
+    attention = weights + rows * (7 * c.hidden_size // 10 + 2 * kv_dims) * dtype_bytes + 3 * score_elements * 4
+    mlp = max(weights + rows * (c.hidden_size + 2 * c.intermediate_size) * dtype_bytes,
+              rows * (5 * c.hidden_size // 2 + 3 * c.intermediate_size) * dtype_bytes)
+    return max(attention, mlp)
+
+  rows = masks * requests * seq
+  logits = masks * requests * targets * c.vocab_size * 4 + rows * c.hidden_size * dtype_bytes
+  scoring = prefix_kv + max(layer(rows, rows * c.num_heads * (seq + context)), logits)
+  prefix = prefix_kv + layer(masks * context, masks * c.num_heads * context * context) if context else 0
+  return max(scoring, prefix)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoringBatches:
+  """How a scoring job is cut into compiled calls."""
+
+  masks_per_call: int
+  requests_per_call: int
+  estimated_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Planner:
+  """The sizes of one engine's calls. budget and residual_cache in bytes (module docstring); generation_batch fixes
+  the rows of a generation call (None: from the budget)."""
+
+  model: ModelConfig
+  budget: int
+  tokens_per_batch: int
+  dtype_bytes: int
+  residual_cache: int = 0
+  data_parallel: int = 1
+  generation_batch: int | None = None
+
+  @classmethod
+  def of(cls, config: EngineConfig, model: ModelConfig, data_parallel: int = 1) -> "Planner":
+    """The planner of a resolved config (`resolve`)."""
+    return cls(model, gib_bytes(config.memory_budget_gb), config.tokens_per_batch,
+               jnp.dtype(config.activation_dtype).itemsize, gib_bytes(config.residual_cache_gb), data_parallel,
+               config.generation_batch)
+
+  @property
+  def call_budget(self) -> int:
+    """What one scoring call's activations may use: the budget less the residual cache, alive across calls."""
+    return self.budget - self.residual_cache
+
+  def activation_bytes(self, masks: int, requests: int, seq: int, context: int, targets: int) -> int:
+    return activation_bytes(self.model, masks, requests, seq, context, targets, self.dtype_bytes)
+
+  def scoring(self, *, num_masks: int, num_requests: int, mean_seq: float, max_seq: int, context: int,
+              max_targets: int) -> ScoringBatches:
+    """Masks and requests per call: fill `tokens_per_batch` rows, then shrink until within the call budget.
+
+    Whole request sets go into one call when they fit (the shared prefix is then computed once per mask
+    per call); the masks axis absorbs the remaining rows. Masks per call is a multiple of the data-parallel
+    size when there are enough masks to shard over it.
+    """
+    parallel = self.data_parallel
+    mean_seq = max(mean_seq, 1.0)
+    requests = min(num_requests, max(1, int(self.tokens_per_batch // mean_seq)))
+    masks = max(1, int(self.tokens_per_batch // (requests * mean_seq)))
+    # A small ladder of shapes: fewer masks than a full call round up to a power of two, so the baseline (1),
+    # validation curves (k + 1) and single-head checks reuse a handful of compiled shapes whatever k is.
+    masks = min(masks, bucket_pow2(num_masks))
+    if num_masks >= parallel:
+      masks = max(parallel, masks // parallel * parallel)
+    targets = bucket_pow2(max_targets)
+
+    def cost(m, r):
+      return self.activation_bytes(m, r, max_seq, context, targets)
+
+    while cost(masks, requests) > self.call_budget:
+      if masks > parallel and masks > 1:
+        masks = max(parallel if num_masks >= parallel else 1, masks // 2)
+      elif requests > 1:
+        requests = max(1, requests // 2)
+      else:
+        raise UserError(f"one request of {max_seq} tokens (context {context}) needs "
+                        f"{cost(masks, requests) / GIB:.2f} GiB, over the memory budget of "
+                        f"{self.call_budget / GIB:.2f} GiB; raise --memory_budget_gb or shorten the prompts")
+    return ScoringBatches(masks, requests, cost(masks, requests))
+
+  def generation_rows(self, prompt_len: int, max_new: int, pairs: int) -> int:
+    """Rows of one generation call for `pairs` (mask, prompt) rows: each holds a key/value cache of the prompt and
+    its new tokens, and the prefill's activations (capped at 64 rows on CPUs, 256 on accelerators); a multiple of the
+    data-parallel size."""
+    if self.generation_batch:
+      batch = self.generation_batch
+    else:
+      c = self.model
+      cache = c.num_layers * (prompt_len + max_new) * c.num_kv_heads * c.head_dim * 2 * self.dtype_bytes
+      prefill = self.activation_bytes(1, 1, prompt_len, 0, 1)
+      batch = max(1, int(self.budget // (cache + prefill)))
+      batch = min(batch, 256 if jax.devices()[0].platform != "cpu" else 64)
+    batch = min(batch, max(pairs, 1))
+    return max(self.data_parallel, -(-batch // self.data_parallel) * self.data_parallel)
+
+  def attribution_rows(self, *, suffix: int, context: int, targets: int, steps: int, num_requests: int) -> int:
+    """Requests per integrated-gradients call, each `steps` rows of `suffix` tokens after a shared `context`. A
+    backward pass keeps every layer's activations: three forward passes' worth per row (an allowance, not fitted to
+    XLA's buffers as scoring is), plus a neuron mask, its gradient and the running mean."""
+    c = self.model
+    per_row = 3 * self.activation_bytes(1, 1, suffix, context, targets)
+    per_row += c.num_layers * c.intermediate_size * 4 * 3
+    return min(max(1, int(self.budget // (per_row * steps))), num_requests)
+
+  def sum_rows(self, mean_tokens: float) -> int:
+    """Rows per call of the mean-ablation statistics (one forward pass, no masks): `tokens_per_batch` tokens."""
+    return max(1, self.tokens_per_batch // max(1, int(mean_tokens)))
+
+  def residual_stream_bytes(self, tokens: int) -> int:
+    """The unablated residual stream entering every layer at `tokens` positions (scoring resumes from it)."""
+    c = self.model
+    return c.num_layers * c.hidden_size * self.dtype_bytes * tokens
+
+  def prompt_stream_bytes(self, prompts: int, width: int) -> int:
+    """The unablated prefill of `prompts` prompts `width` wide: every layer's residual stream, keys and values."""
+    c = self.model
+    return c.num_layers * prompts * width * (c.hidden_size + 2 * c.num_kv_heads * c.head_dim) * self.dtype_bytes
+
+  def fits_residual_cache(self, size: int) -> bool:
+    return size <= self.residual_cache

@@ -1,0 +1,155 @@
+"""The scoring job of an engine: teacher-forced scores of a request set under many masks, pipelined.
+
+Axes: `masks` M (Mb per call), `requests` R. Masks are grouped by the first layer they ablate: a batch starts there
+from the unablated model's residual streams of its request set, kept in the shared residual cache when they fit.
+The compiled kernels are `scoring.py`'s; the layouts and call sizes come from the shared `Layouts` and `Planner`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Callable, Iterator, Sequence
+
+import jax
+import numpy as np
+
+from jaxloc.engine import scoring
+from jaxloc.engine.masks import check_fills, check_masks, start_layers
+from jaxloc.engine.mesh import to_host
+from jaxloc.engine.planner import GIB
+from jaxloc.engine.requests import ScoreOutputs, ScoringRequest
+from jaxloc.engine.shared import Shared
+
+log = logging.getLogger(__name__)
+
+
+class Scorer:
+  """`Engine.score` and `Engine.score_batches`."""
+
+  def __init__(self, shared: Shared):
+    self.shared = shared
+    module, config, dtype = shared.module, shared.model_config, shared.placement.dtype
+    self._prefix_fn = jax.jit(functools.partial(scoring.prefix_context, module, dtype=dtype))
+    self._score_fn = jax.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
+    self._residuals_fn = jax.jit(functools.partial(scoring.unablated_residuals, module, dtype=dtype))
+    self.jitted = (self._prefix_fn, self._score_fn, self._residuals_fn)
+    self._too_big: set = set()  # request sets whose streams did not fit the residual cache (warned once)
+
+  def _residual_streams(self, requests: Sequence[ScoringRequest], lay: scoring.ScoringLayout, chunks: list):
+    """The unablated residual streams of a laid-out request set, per chunk (computed once per request set and chunk
+    shape, whatever the number of masks; kept while the residual cache has room, least recently used dropped
+    first); None when they cannot fit it."""
+    shared, place = self.shared, self.shared.placement
+    key = (tuple(requests), len(lay.chunks), lay.chunks[0].rows.tokens.shape)
+    streams = shared.residuals.get(key)
+    if streams is not None:
+      return streams
+    size = shared.planner.residual_stream_bytes(len(lay.prefix) + sum(chunk.rows.tokens.size for chunk in lay.chunks))
+    if not shared.planner.fits_residual_cache(size):
+      if key not in self._too_big:
+        self._too_big.add(key)
+        log.warning("the unablated residual streams of %d requests need %.2f GiB, over the residual cache of %.2f "
+                    "GiB: every mask of them starts at layer 0 (raise --residual_cache_gb to skip unablated layers)",
+                    len(requests), size / GIB, shared.planner.residual_cache / GIB)
+      return None
+    shared.residuals.make_room(size)
+    start = time.perf_counter()
+    prefix = place.prefix(lay.prefix)
+    streams = [self._residuals_fn(place.params, prefix, rows) for _, rows in chunks]
+    shared.residuals.put(key, streams, size)
+    shared.stats.calls += len(chunks)
+    shared.stats.seconds += time.perf_counter() - start
+    return streams
+
+  def score_batches(self, requests: Sequence[ScoringRequest], head_masks=None, head_fill=None, *,
+                    neuron_masks=None, neuron_fill=None) -> Iterator[tuple[slice, ScoreOutputs]]:
+    """Yields (mask slice, outputs for those masks) in mask order as batches finish, so callers can checkpoint.
+
+    Masks are evaluated grouped by the first layer they ablate (a stable sort, so masks already in that order keep
+    it): a batch starts at its lowest first ablated layer, from the unablated residual streams, when they fit the
+    residual cache."""
+    shared, place, stats = self.shared, self.shared.placement, self.shared.stats
+    config = shared.model_config
+    masks = check_masks(config, head_masks, neuron_masks)
+    lay, plan = shared.layouts.prepare(requests, len(masks))
+    fill = place.fills(check_fills(config, head_fill, neuron_fill))
+    per_call = plan.masks_per_call
+    shard_masks = per_call % place.data_parallel == 0
+    mask_sharding = place.split(3) if shard_masks else place.replicated
+    row_sharding = place.replicated if shard_masks else place.split(2)
+    prefix = place.prefix(lay.prefix)
+    chunks = [(chunk, place.rows(chunk.rows, row_sharding)) for chunk in lay.chunks]
+    starts = (start_layers(config, masks) if shared.planner.residual_cache else np.zeros(len(masks), np.int64))
+    streams = self._residual_streams(requests, lay, chunks) if starts.max() > 0 else None
+    if streams is None:
+      starts = np.zeros(len(masks), np.int64)
+    order = np.argsort(starts, kind="stable")
+    num_layers = config.num_layers
+
+    def dispatch(begin: int):
+      """Starts one batch of masks on the devices (asynchronously) and returns its handles."""
+      start = time.perf_counter()
+      members = order[begin:begin + per_call]
+      ablation = place.ablation(masks.rows(members).padded(per_call), fill, mask_sharding)
+      layer = min(int(starts[members].min()), num_layers - 1)
+      if streams is None:
+        context = self._prefix_fn(place.params, ablation, prefix) if prefix is not None else None
+        results = [self._score_fn(place.params, ablation, context, rows) for _, rows in chunks]
+      else:
+        at = place.put(np.int32(layer))
+        context = (self._prefix_fn(place.params, ablation, prefix, at, streams[0][0]) if prefix is not None
+                   else None)
+        results = [self._score_fn(place.params, ablation, context, rows, at, chunk_streams[1])
+                   for (_, rows), chunk_streams in zip(chunks, streams)]
+      return members, layer, results, time.perf_counter() - start
+
+    logprob = np.zeros((len(masks), lay.num_requests), np.float32)
+    is_greedy = np.zeros((len(masks), lay.num_requests), bool)
+    done = np.zeros(len(masks), bool)
+
+    def collect(members: np.ndarray, layer: int, results, seconds: float):
+      start = time.perf_counter()
+      real = len(members)
+      for (chunk, _), (lp, greedy) in zip(chunks, results):
+        slots = chunk.index >= 0
+        requests_of = chunk.index[slots]
+        logprob[np.ix_(members, requests_of)] = to_host(lp)[:real, slots]
+        is_greedy[np.ix_(members, requests_of)] = to_host(greedy)[:real, slots]
+      done[members] = True
+      stats.calls += len(chunks) + (prefix is not None)
+      stats.mask_evaluations += real
+      stats.tokens += real * lay.tokens_per_mask
+      stats.padded_tokens += per_call * lay.padded_tokens_per_mask
+      stats.layer_tokens += real * lay.tokens_per_mask * (num_layers - layer)
+      stats.targets += real * int(lay.num_targets.sum())
+      stats.seconds += seconds + time.perf_counter() - start
+
+    # The next batch is dispatched before the caller gets (and saves) the previous one, so the devices never
+    # wait for the host's bookkeeping.
+    ready = 0
+    pending = dispatch(0)
+    for begin in range(per_call, len(masks) + per_call, per_call):
+      following = dispatch(begin) if begin < len(masks) else None
+      collect(*pending)
+      pending = following
+      finished = ready + int(np.argmin(np.append(done[ready:], False)))
+      if finished > ready:
+        yield slice(ready, finished), ScoreOutputs(logprob[ready:finished], is_greedy[ready:finished], lay.num_targets)
+        ready = finished
+
+  def score(self, requests: Sequence[ScoringRequest], head_masks=None, head_fill=None,
+            progress: Callable[[int], None] | None = None, *, neuron_masks=None, neuron_fill=None) -> ScoreOutputs:
+    """Teacher-forced scores of every request under every mask (head masks [M, L, H] and/or neuron masks
+    [M, L, F], 1 keep / 0 ablate)."""
+    masks = check_masks(self.shared.model_config, head_masks, neuron_masks)
+    logprob = np.zeros((len(masks), len(requests)), np.float32)
+    is_greedy = np.zeros((len(masks), len(requests)), bool)
+    num_targets = None
+    for where, out in self.score_batches(requests, masks.heads, head_fill, neuron_masks=masks.neurons,
+                                         neuron_fill=neuron_fill):
+      logprob[where], is_greedy[where], num_targets = out.logprob, out.is_greedy, out.num_tokens
+      if progress:
+        progress(where.stop - where.start)
+    return ScoreOutputs(logprob, is_greedy, num_targets)

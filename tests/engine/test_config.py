@@ -1,0 +1,74 @@
+"""One EngineConfig: its fields are the engine flags, an engine resolves its defaults once, and a variant made with
+`dataclasses.replace` keeps every other setting (budgets included)."""
+
+import dataclasses
+
+import jax.numpy as jnp
+import pytest
+
+from jaxloc.engine import planner
+from jaxloc.engine.config import EngineConfig
+from jaxloc.engine.engine import Engine
+from jaxloc.errors import UserError
+
+
+def test_an_engine_resolves_its_defaults_and_a_variant_keeps_them(tiny_model):
+  engine = Engine(tiny_model)
+  config = engine.config
+  assert config.memory_budget_gb == planner.default_memory_budget() / planner.GIB
+  assert config.residual_cache_gb == (planner.default_memory_budget() // 4) / planner.GIB
+  assert config.tokens_per_batch == planner.default_tokens_per_batch()
+  assert config.activation_dtype == "float32" and engine.dtype == jnp.float32
+  assert engine.shared.planner.budget == planner.default_memory_budget()  # bytes survive the GiB round trip
+  variant = Engine(tiny_model, dataclasses.replace(config, pack=False, generation_batch=3), mesh=engine.mesh)
+  assert variant.config == dataclasses.replace(config, pack=False, generation_batch=3)
+  assert variant.shared.planner.generation_rows(prompt_len=64, max_new=8, pairs=100) == 3
+  assert engine.model_config is tiny_model.config
+
+
+def test_bad_settings_are_user_errors(tiny_model):
+  for bad, message in ((EngineConfig(memory_budget_gb=1, residual_cache_gb=1), "residual cache"),
+                       (EngineConfig(activation_dtype="int8"), "activation dtype 'int8'"),
+                       (EngineConfig(tokens_per_batch=0), "tokens_per_batch"),
+                       (EngineConfig(memory_budget_gb=0), "memory budget")):
+    with pytest.raises(UserError, match=message):
+      Engine(tiny_model, bad)
+
+
+def test_the_engine_flags_are_the_config_fields():
+  from absl import flags
+
+  from jaxloc import cli
+
+  FLAGS = flags.FLAGS
+  ours = "memory_budget_gb" not in FLAGS  # a command module imported by another test may have defined them
+  if ours:
+    cli.define_model_flags()
+  typed = {"memory_budget_gb": "2", "pack": "false", "activation_dtype": "bfloat16", "residual_cache_gb": "0"}
+  try:
+    for name, text in typed.items():  # each flag alone: other commands' required flags stay unchecked
+      FLAGS[name].parse(text)
+    assert cli.settings_from_flags(EngineConfig) == EngineConfig(memory_budget_gb=2.0, pack=False,
+                                                                 activation_dtype="bfloat16", residual_cache_gb=0.0)
+    assert all(FLAGS[f.name].default == f.default for f in dataclasses.fields(EngineConfig))
+  finally:
+    for name in typed:
+      FLAGS[name].unparse()
+    if ours:  # leave the global flags as they were
+      for flag_class in (cli.ModelFlags, EngineConfig, cli.DistributedFlags):
+        for field in dataclasses.fields(flag_class):
+          delattr(FLAGS, field.name)
+
+
+def test_the_planner_answers_every_batch_size_from_one_budget(tiny_model):
+  """Generation rows and integrated-gradient requests shrink with the budget; data parallelism rounds generation
+  rows up to a multiple of the data axis."""
+  big = planner.Planner(tiny_model.config, budget=1 << 30, tokens_per_batch=2048, dtype_bytes=4)
+  small = dataclasses.replace(big, budget=1 << 21)
+  assert small.generation_rows(64, 32, 1000) < big.generation_rows(64, 32, 1000) == 64  # the CPU cap
+  assert big.generation_rows(64, 32, 5) == 5
+  assert dataclasses.replace(big, data_parallel=4).generation_rows(64, 32, 5) == 8
+  rows = dict(suffix=64, context=16, targets=2, steps=20, num_requests=1000)
+  assert 1 <= small.attribution_rows(**rows) < big.attribution_rows(**rows) <= 1000
+  assert big.attribution_rows(**{**rows, "num_requests": 7}) == 7
+  assert dataclasses.replace(big, residual_cache=1 << 29).call_budget == 1 << 29
