@@ -49,13 +49,13 @@ def test_one_shot_greedy_breaks_accuracy_ties_by_the_other_metric():
   assert ranking.order.tolist() == [2, 1, 0, 3]  # without the tie-break: 1 before 2
 
 
-def test_localize_with_gradient_confirm_on_a_tiny_model(smollm2, tmp_path):
+def test_localize_with_gradient_confirm_on_a_tiny_model(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
   from jaxloc.localize.run import LocalizeSettings, localize
   from tests.tiny import make_tiny
 
-  engine = Engine(make_tiny(smollm2.tokenizer), EngineConfig(tokens_per_batch=256))
+  engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))
   out = str(tmp_path / "run")
   settings = dict(model="tiny", task="counting", output_dir=out, method="gradient_confirm", num_masks=4,
                   num_samples=6, metric="logprob", validate=False)

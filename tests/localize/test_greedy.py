@@ -53,13 +53,13 @@ def test_ties_at_the_floor_go_to_the_tie_break_metric_not_to_the_lowest_index():
   assert ranking.order[:2].tolist() == [3, 2]  # the lowest index would have been 0
 
 
-def test_localize_with_iterative_greedy_on_a_tiny_model(smollm2, tmp_path):
+def test_localize_with_iterative_greedy_on_a_tiny_model(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
   from jaxloc.localize.run import LocalizeSettings, localize
   from tests.tiny import make_tiny
 
-  engine = Engine(make_tiny(smollm2.tokenizer), EngineConfig(tokens_per_batch=256))
+  engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))
   settings = dict(model="tiny", task="counting", output_dir=str(tmp_path / "run"), method="greedy", top_k=2,
                   num_samples=6, metric="logprob", validate=False)
   heads = localize(engine, LocalizeSettings.make(**settings), progress=False)

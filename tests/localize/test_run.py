@@ -13,14 +13,14 @@ MASK_SHAPES_PER_TASK = 4
 FUNCTIONS = 2
 
 
-def test_a_whole_run_compiles_a_bounded_number_of_shapes(smollm2, tmp_path):
+def test_a_whole_run_compiles_a_bounded_number_of_shapes(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
   from tests.tiny import make_tiny
 
   compilations = {}
   for num_masks, top_k in [(10, 2), (37, 5), (300, 5), (64, 7)]:
-    engine = Engine(make_tiny(smollm2.tokenizer), EngineConfig(tokens_per_batch=256))
+    engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))
     settings = LocalizeSettings.make(model="tiny", task="counting", output_dir=str(tmp_path / f"{num_masks}-{top_k}"),
                                      num_masks=num_masks, ablation_rate=0.2, top_k=top_k, num_samples=6,
                                      metric="logprob", general_tasks=["plurals"], general_samples=6,
@@ -52,7 +52,7 @@ def test_user_errors_are_found_before_any_model_loads(tmp_path, changes, message
     load_tasks(settings)
 
 
-def test_selection_universal_heads_and_confidence_follow_their_stated_rules(smollm2, tmp_path):
+def test_selection_universal_heads_and_confidence_follow_their_stated_rules(tokenizer, tmp_path):
   """On a tiny random model (whatever its heads do): every selected head's estimated general drops are within
   the bound, every universal head's held-out single-head drops break enough tasks, and the frequencies are
   those of a top-k selection."""
@@ -60,7 +60,7 @@ def test_selection_universal_heads_and_confidence_follow_their_stated_rules(smol
   from jaxloc.engine.engine import Engine
   from tests.tiny import make_tiny
 
-  engine = Engine(make_tiny(smollm2.tokenizer), EngineConfig(tokens_per_batch=256))
+  engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))
   settings = LocalizeSettings.make(model="tiny", task="counting", output_dir=str(tmp_path), method="one_shot_greedy",
                                    num_masks=12, num_samples=8, validation_samples=6, metric="logprob", top_k=3,
                                    general_tasks=["plurals", "induction"], general_samples=8, curve_k=4,
@@ -90,7 +90,7 @@ def test_selection_universal_heads_and_confidence_follow_their_stated_rules(smol
     assert curve["max_general_relative_drop"][k] == (max(drops) if drops else None)
 
 
-def test_a_learned_mask_run_trains_confirms_validates_and_reports_its_cost(smollm2, tmp_path):
+def test_a_learned_mask_run_trains_confirms_validates_and_reports_its_cost(tokenizer, tmp_path):
   """learned_mask through the runner on a tiny random model: gates trained on the target and a general task,
   candidates confirmed alone, the training time converted to mask evaluations; a re-run resumes without
   training again."""
@@ -99,7 +99,7 @@ def test_a_learned_mask_run_trains_confirms_validates_and_reports_its_cost(smoll
   from jaxloc.localize.methods import learned_mask
   from tests.tiny import make_tiny
 
-  engine = Engine(make_tiny(smollm2.tokenizer), EngineConfig(tokens_per_batch=256))
+  engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))
   settings = LocalizeSettings.make(model="tiny", task="counting", output_dir=str(tmp_path), method="learned_mask",
                                    num_masks=4, mask_steps=3, mask_batch_docs=4, num_samples=8, validation_samples=6,
                                    metric="logprob", top_k=2, general_tasks=["plurals"], general_samples=6,

@@ -60,13 +60,13 @@ def test_budgets_too_small_for_a_screen_and_a_confirmation_are_refused():
   assert screen_size(3, 0.9) == 2 and screen_size(100, 0.3) == 30
 
 
-def test_localize_with_two_stage_on_a_tiny_model(smollm2, tmp_path):
+def test_localize_with_two_stage_on_a_tiny_model(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
   from jaxloc.localize.run import LocalizeSettings, localize
   from tests.tiny import make_tiny
 
-  engine = Engine(make_tiny(smollm2.tokenizer), EngineConfig(tokens_per_batch=256))
+  engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))
   out = str(tmp_path / "run")
   settings = dict(model="tiny", task="counting", output_dir=out, method="two_stage", num_masks=10,
                   ablation_rate=0.2, num_samples=6, metric="logprob", validate=False, selection="raw")

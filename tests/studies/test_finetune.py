@@ -11,8 +11,8 @@ from tests.engine.test_scoring import few_shot_requests
 from tests.tiny import make_tiny
 
 
-def test_only_the_neurons_parameters_move_and_the_loss_falls(smollm2):
-  engine = Engine(make_tiny(smollm2.tokenizer))
+def test_only_the_neurons_parameters_move_and_the_loss_falls(tokenizer):
+  engine = Engine(make_tiny(tokenizer))
   requests = few_shot_requests(6, seed=7)
   neurons = [(0, 5), (2, 63)]
   trained = finetune.finetune(engine, requests, neurons, steps=5, learning_rate=1e-2)
