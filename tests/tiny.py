@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxloc.models.config import ModelConfig
-from jaxloc.models.llama import Transformer
+from jaxloc.models.decoder import Transformer
 from jaxloc.models.loading import LoadedModel
 
 
