@@ -249,7 +249,8 @@ def _layer_types(model_type: str, hf: Mapping[str, Any], get, num_layers: int, w
   elif model_type == "gemma2":
     kinds = [SLIDING if (i + 1) % 2 else FULL for i in range(num_layers)]
   elif model_type == "gemma3_text":
-    pattern = int(hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or get("sliding_window_pattern"))
+    pattern = int(hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern")
+                  or get("sliding_window_pattern"))
     kinds = [SLIDING if (i + 1) % pattern else FULL for i in range(num_layers)]
   else:
     kinds = [FULL] * num_layers
