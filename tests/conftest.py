@@ -16,7 +16,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 # Fixtures that load a real model: every test that uses one is in the slow tier.
-REAL_MODEL_FIXTURES = ("smollm2", "smollm2_engine", "smollm2_torch", "qwen", "qwen_torch")
+REAL_MODEL_FIXTURES = ("smollm2", "smollm2_engine", "smollm2_torch", "qwen", "qwen_torch", "gemma3", "gemma3_torch")
 
 
 def pytest_collection_modifyitems(config, items):

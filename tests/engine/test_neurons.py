@@ -9,7 +9,7 @@ from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import ScoringRequest
 from jaxloc.errors import UserError
-from jaxloc.models.llama import Ablation, lm_logits
+from jaxloc.models.decoder import Ablation, lm_logits
 from tests.engine.test_scoring import few_shot_requests
 
 
