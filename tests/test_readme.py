@@ -5,7 +5,12 @@ import io
 import os
 import re
 
+import pytest
+
 from tests.optional import optional_module
+
+# The example loads SmolLM2 and runs a small localization: the CI tier, not the fast one.
+pytestmark = pytest.mark.heavy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -15,6 +15,9 @@ import pytest
 
 from tests.experiments.conftest import ROOT, run_cli
 
+# Several processes per test, each compiling the model: the CI tier, not the fast one.
+pytestmark = pytest.mark.heavy
+
 DEVICES_PER_PROCESS = 2
 
 
