@@ -4,9 +4,9 @@ Tiny models (`tests/tiny.py`) use the embedded model's tokenizer (the `tokenizer
 without loading its weights), so tests that need real text but not a real model stay fast; `smollm2` loads the
 embedded model itself for the tests that need it.
 
-Three tiers. `heavy` marks what loads a real model (added here, from the fixtures it uses) or runs whole CLI jobs in
-subprocesses (marked in its file): CI runs it, the fast tier (`pytest -m "not slow and not heavy"`, a few minutes)
-does not. `slow` marks what CI leaves out altogether (`pytest -m "not slow"` is CI; plain `pytest` runs everything).
+Two tiers. `slow` marks what loads a real model (added here, from the fixtures it uses) or runs whole CLI jobs in
+subprocesses (marked in its file). The fast tier, `pytest -m "not slow"`, leaves them out (a few minutes on 2 cores);
+CI runs everything (`pytest`).
 """
 
 import os
@@ -18,14 +18,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
-# Fixtures that load a real model: every test that uses one is heavy.
+# Fixtures that load a real model: every test that uses one is slow.
 REAL_MODEL_FIXTURES = ("smollm2", "smollm2_engine", "smollm2_torch", "qwen", "qwen_torch", "gemma3", "gemma3_torch")
 
 
 def pytest_collection_modifyitems(config, items):
   for item in items:
     if set(REAL_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ())):
-      item.add_marker(pytest.mark.heavy)
+      item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

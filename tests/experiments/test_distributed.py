@@ -15,8 +15,8 @@ import pytest
 
 from tests.experiments.conftest import ROOT, run_cli
 
-# Several processes per test, each compiling the model: the CI tier, not the fast one.
-pytestmark = pytest.mark.heavy
+# Several processes per test, each compiling the model: in CI, not in the fast tier.
+pytestmark = pytest.mark.slow
 
 DEVICES_PER_PROCESS = 2
 
