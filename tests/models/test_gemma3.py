@@ -31,6 +31,14 @@ PROMPTS = [
     "<start_of_turn>user\nName a colour.<end_of_turn>\n<start_of_turn>model\n",
     LONG,
 ]
+# The 1,133-token prompt accumulates more float32 rounding (logits up to 97) than the short ones: measured 2.0e-3
+# unablated and 4.4e-3 with HEADS ablated, against at most 1.1e-4 for the short prompts. The error does not step up at
+# the 512-token window (positions 512-639: 1.3e-4; 768-895: 2.0e-3; the first 600 tokens alone: 6.8e-4), so it is
+# rounding, not a window misplaced by a position; a misplaced window moves logits by whole units.
+def tolerance(ids):
+  return 1e-3 if len(ids) <= 512 else 1e-2
+
+
 # Query heads that share their KV head with the three others, spread over sliding and full layers.
 HEADS = [(0, 1), (5, 2), (9, 0), (11, 3), (17, 1)]
 
@@ -70,13 +78,14 @@ def test_config_matches_the_published_architecture(gemma3):
 def test_logits_and_greedy_tokens_match_transformers(gemma3, gemma3_torch, prompt):
   ids = gemma3.tokenizer(prompt)["input_ids"]
   ours, theirs = logits(gemma3, ids), torch_logits(gemma3_torch, ids)
-  assert np.abs(ours - theirs).max() < 1e-3
+  assert np.abs(ours - theirs).max() < tolerance(ids)
   assert np.array_equal(ours.argmax(-1), theirs.argmax(-1))
 
 
 @pytest.mark.parametrize("prompt", [PROMPTS[0], LONG], ids=["short", "longer_than_the_window"])
 def test_head_mask_matches_o_proj_pre_hook(gemma3, gemma3_torch, prompt):
-  check_head_mask_parity(gemma3, gemma3_torch, gemma3.tokenizer(prompt)["input_ids"], HEADS)
+  ids = gemma3.tokenizer(prompt)["input_ids"]
+  check_head_mask_parity(gemma3, gemma3_torch, ids, HEADS, tolerance(ids))
 
 
 def test_neuron_mask_matches_zeroed_down_proj_columns(gemma3, gemma3_torch):
