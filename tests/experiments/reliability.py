@@ -258,6 +258,11 @@ def make_base_run(tmp: str, model: str, task: str) -> str:
   return ctx.out
 
 
+def command_shown(case: Case) -> str:
+  """The case's command as the table shows it: its flags after the usual ones, paths as placeholders."""
+  return " ".join([case.command, *case.args]).format(tmp="<tmp>", out="<tmp>/run")
+
+
 def table(outcomes: list[Outcome], replacements: dict[str, str]) -> str:
   """The markdown table of the outcomes, paths and pids replaced by placeholders."""
 
@@ -270,8 +275,7 @@ def table(outcomes: list[Outcome], replacements: dict[str, str]) -> str:
   rows = ["| Bad input | Command (after the usual flags) | What the user sees (the one line on stderr) | Exit | "
           "Before the model loads |", "|---|---|---|---|---|"]
   for o in outcomes:
-    command = " ".join([o.case.command, *o.case.args]).format(tmp="<tmp>", out="<tmp>/run")
-    rows.append(f"| {o.case.tried} | `{shown(command)}` | `{shown(o.last_line)}` | {o.returncode} | "
+    rows.append(f"| {o.case.tried} | `{shown(command_shown(o.case))}` | `{shown(o.last_line)}` | {o.returncode} | "
                 f"{'no' if o.loaded else 'yes'} |")
   return "\n".join(rows) + "\n"
 
