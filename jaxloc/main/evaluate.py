@@ -12,10 +12,9 @@ import dataclasses
 from jaxloc import cli, files
 from jaxloc.errors import UserError
 from jaxloc.evaluate import evaluate_heads
-from jaxloc.files import write_json
 from jaxloc.heads import parse_units, units_per_layer
-from jaxloc.models.loading import read_config
 from jaxloc.localize.settings import setting
+from jaxloc.models.loading import read_config
 from jaxloc.tasks.evaluation import load_task
 
 
@@ -65,7 +64,7 @@ def main(config: EvaluateConfig) -> dict:
   for name, value in result["metrics"].items():
     print(f"{name}: {value:.4f}")
   if config.output_json:
-    write_json(config.output_json, result)
+    files.write_json(config.output_json, result)
   return result
 
 

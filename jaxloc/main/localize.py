@@ -26,8 +26,8 @@ from jaxloc.api import run_localization
 from jaxloc.engine.config import EngineConfig
 from jaxloc.localize import methods
 from jaxloc.localize.run import check_layout, check_resume, load_tasks, scoring_settings
-from jaxloc.models.loading import default_dtype, read_config
 from jaxloc.localize.settings import LocalizeSettings, nested, setting
+from jaxloc.models.loading import default_dtype, read_config
 from jaxloc.report.summary import summary_table
 
 
