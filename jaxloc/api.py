@@ -110,7 +110,8 @@ def run_localization(engine, task: str | None = None, output_dir: str | None = N
     settings = LocalizeSettings.make(**{"model": engine.model.name, "task": task, "output_dir": output_dir, **fields})
   elif task is not None or output_dir is not None or fields:
     raise UserError("give the settings either as a LocalizeSettings object or as task, output_dir and keywords")
-  localize(engine, settings, tasks or load_tasks(settings), progress=progress)
-  write_plots(settings.output_dir)
-  write_page(settings.output_dir)
+  with files.hold_run_directory(settings.output_dir):
+    localize(engine, settings, tasks or load_tasks(settings), progress=progress)
+    write_plots(settings.output_dir)
+    write_page(settings.output_dir)
   return read_run(settings.output_dir)

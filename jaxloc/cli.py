@@ -1,13 +1,14 @@
 """Command-line plumbing shared by `experiments/` and `jaxloc/main/`: flags made from dataclasses (the model's
 `ModelFlags`, the engine's `EngineConfig`, `DistributedFlags`, each command's own config), and one-line errors.
 
-Errors a user causes (bad flag value, missing file, unknown task, malformed JSONL) end the program
-with a single line on stderr and exit status 2, no traceback.
+Errors a user causes (bad flag value, missing file, unknown task, malformed JSONL) and a disk that is full or
+read-only end the program with a single line on stderr and exit status 2, no traceback.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import sys
@@ -15,6 +16,7 @@ from typing import Any, Callable
 
 from absl import app, flags
 
+from jaxloc import files
 from jaxloc.engine.config import EngineConfig
 from jaxloc.errors import UserError
 from jaxloc.models import packaged
@@ -208,12 +210,13 @@ def run(main: Callable[[list[str]], None]) -> None:
       if distributed:
         _join_distributed()
       main(argv)
-    except UserError as e:
-      print(f"error: {e}", file=sys.stderr)
-      if distributed:
-        _leave_distributed(EXIT_USER_ERROR)
-      sys.exit(EXIT_USER_ERROR)
     except Exception as e:  # noqa: BLE001 (any failure ends every process of a multi-process run)
+      error = e if isinstance(e, UserError) else _user_fixable(e)
+      if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        if distributed:
+          _leave_distributed(EXIT_USER_ERROR)
+        sys.exit(EXIT_USER_ERROR)
       if not distributed:
         raise
       import jax
@@ -226,6 +229,14 @@ def run(main: Callable[[list[str]], None]) -> None:
       _leave_distributed(1)
 
   app.run(wrapped, flags_parser=_parse_flags)
+
+
+def _user_fixable(error: Exception) -> UserError | None:
+  """A full or read-only disk met outside `files.atomic_write` (which reports its own), as one line (a denied
+  permission is left as it is: it may be a read's)."""
+  if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+    return files.write_failed(error.filename or "an output file", error)
+  return None
 
 
 def _leave_distributed(status: int) -> None:

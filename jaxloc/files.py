@@ -5,33 +5,113 @@ outputs (`write_json`, `save_array`, `save_arrays`, `save_figure` do nothing els
 never sees concurrent writes; a run's own files are read as process 0 sees them (`read_shared`), so a resumed
 run makes the same plan on every host whether or not the others can see process 0's disk. `atomic_write` itself
 writes on every process: it is also for per-host caches.
+
+One run at a time writes a run directory (`hold_run_directory`): process 0 holds an flock on `.jaxloc.lock` in it,
+which the kernel releases when the process ends however it ends (a killed run never leaves the directory held), and
+writes its pid there for the message a second run gets.
+
+What a user can fix ends in one line (`UserError`): a disk that is full or read-only while a file is written (every
+file written before is intact: each is replaced whole), a file read back truncated or corrupt (`CorruptFile`).
+
+Fault injection, for the tests that kill a run at a chosen point: with JAXLOC_FAULT=<point>@<n>[=<action>] (several
+comma-separated), the n-th call of `fault_point(<point>)` in a process SIGKILLs it (action `kill`, the default) or
+fails as a full disk would (`enospc`). The points are `write:<file name>` (in `atomic_write`, once the temporary file
+is written and before it replaces the file) and the ones the runner names.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import errno
+import fcntl
 import io
 import json
 import os
+import re
+import signal
+import socket
 import tempfile
-from typing import Any, Callable, IO
+import zipfile
+import zlib
+from typing import Any, Callable, IO, Iterator
 
 import numpy as np
 
+from jaxloc.errors import UserError
+
+FAULT_ENV = "JAXLOC_FAULT"
+LOCK_FILE = ".jaxloc.lock"
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+# tempfile.mkstemp's names: atomic_write's temporary files are <name>.<8 of these>.tmp.
+_TEMPORARY = re.compile(r"^.+\.[a-z0-9_]{8}\.tmp$")
+_fault_calls: collections.Counter = collections.Counter()
+_held: dict[str, int] = {}  # run directories this process holds -> how many holds are open
+
+
+class CorruptFile(UserError):
+  """A run file that cannot be read back (truncated, or not what its name says)."""
+
+  def __init__(self, path: str, detail: str):
+    self.path, self.detail = path, detail
+    super().__init__(f"{path} is truncated or corrupt ({detail}); delete it to recompute it")
+
+
+def fault_point(name: str) -> None:
+  """Where a test may kill this process or fail a write (JAXLOC_FAULT, see the module docstring)."""
+  spec = os.environ.get(FAULT_ENV)
+  if not spec:
+    return
+  faults = [item.partition("@")[2] for item in spec.split(",") if item.partition("@")[0] == name]
+  if not faults:
+    return
+  _fault_calls[name] += 1
+  for fault in faults:
+    count, _, action = fault.partition("=")
+    if int(count) != _fault_calls[name]:
+      continue
+    if action in ("", "kill"):
+      os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "enospc":
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    else:
+      raise ValueError(f"{FAULT_ENV}: unknown action {action!r} (kill, enospc)")
+
+
+def write_failed(path: str, error: OSError) -> UserError | None:
+  """The one-line error for a write that failed for a reason the user can fix (None for others)."""
+  if error.errno in _DISK_FULL:
+    return UserError(f"the disk is full: writing {path} failed ({error.strerror}); the measurements saved so far and "
+                     "every other file written before are intact (each file is replaced whole): free some space and "
+                     "rerun the same command to resume")
+  if error.errno in _NOT_WRITABLE:
+    return UserError(f"cannot write {path} ({error.strerror}); every file written before is intact: make its "
+                     "directory writable and rerun the same command to resume")
+  return None
+
 
 def atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
-  """Calls write(f) on a temporary file beside `path`, syncs it, then renames it over `path`."""
+  """Calls write(f) on a temporary file beside `path`, syncs it, then renames it over `path`. A full or read-only disk
+  is a UserError; `path`, as it was, is intact."""
   directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
+  tmp = None
   try:
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
     with os.fdopen(fd, "wb") as f:
       write(f)
       f.flush()
       os.fsync(f.fileno())
+      fault_point(f"write:{os.path.basename(path)}")
     os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  except BaseException as e:
+    if tmp is not None:
+      with contextlib.suppress(OSError):
+        os.remove(tmp)
+    failed = write_failed(path, e) if isinstance(e, OSError) else None
+    if failed is not None:
+      raise failed from None
     raise
 
 
@@ -84,17 +164,21 @@ def read_shared(path: str) -> bytes | None:
   must call this for the same paths in the same order (process 0 broadcasts)."""
   import jax
 
-  def read() -> bytes | None:
-    if not os.path.isfile(path):
-      return None
+  data = None
+  if jax.process_index() == 0 and os.path.isfile(path):
     with open(path, "rb") as f:
-      return f.read()
+      data = f.read()
+  return _from_process_0(data)
+
+
+def _from_process_0(data: bytes | None) -> bytes | None:
+  """Process 0's `data` on every process (every process calls this at the same point; others pass None)."""
+  import jax
 
   if jax.process_count() == 1:
-    return read()
+    return data
   from jax.experimental import multihost_utils
 
-  data = read() if jax.process_index() == 0 else None
   size = int(multihost_utils.broadcast_one_to_all(np.int64(-1 if data is None else len(data))))
   if size < 0:
     return None
@@ -105,16 +189,26 @@ def read_shared(path: str) -> bytes | None:
   return multihost_utils.broadcast_one_to_all(buffer)[:size].tobytes()
 
 
+# What reading a damaged file raises: numpy's header and shape checks, a zip's directory and CRCs, JSON's parser.
+_UNREADABLE = (ValueError, EOFError, OSError, zipfile.BadZipFile, zlib.error)
+
+
 def read_json(path: str) -> Any | None:
   """A JSON file as process 0 sees it (None when absent)."""
   data = read_shared(path)
-  return None if data is None else json.loads(data)
+  try:
+    return None if data is None else json.loads(data)
+  except _UNREADABLE as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+    raise CorruptFile(path, str(e)) from None
 
 
 def read_array(path: str) -> np.ndarray | None:
   """An .npy file as process 0 sees it (None when absent)."""
   data = read_shared(path)
-  return None if data is None else np.load(io.BytesIO(data))
+  try:
+    return None if data is None else np.load(io.BytesIO(data))
+  except _UNREADABLE as e:
+    raise CorruptFile(path, str(e)) from None
 
 
 def read_arrays(path: str) -> dict[str, np.ndarray] | None:
@@ -122,5 +216,132 @@ def read_arrays(path: str) -> dict[str, np.ndarray] | None:
   data = read_shared(path)
   if data is None:
     return None
-  with np.load(io.BytesIO(data)) as loaded:
-    return {k: loaded[k] for k in loaded.files}
+  try:
+    with np.load(io.BytesIO(data)) as loaded:
+      return {k: loaded[k] for k in loaded.files}
+  except _UNREADABLE as e:
+    raise CorruptFile(path, str(e) or type(e).__name__) from None
+
+
+@contextlib.contextmanager
+def hold_run_directory(path: str, flag: str = "--output_dir") -> Iterator[None]:
+  """Holds the run directory `path` (created if missing) while the block runs: a UserError naming `flag` when it is
+  a file, cannot be created or written, or another run holds it (naming that run's pid). Process 0 holds it; in a
+  multi-process run every process calls this at the same point and gets process 0's answer. Re-entrant: a process
+  that holds `path` holds it again at no cost."""
+  key = os.path.realpath(path)
+  if key in _held:
+    _held[key] += 1
+    try:
+      yield
+    finally:
+      _held[key] -= 1
+    return
+  fd = None
+
+  def lock() -> None:
+    nonlocal fd
+    fd = _lock(path, flag)
+
+  _on_process_0(lock)
+  _held[key] = 1
+  try:
+    yield
+  finally:
+    del _held[key]
+    if fd is not None:
+      # Unlinked while still held, so the next run creates a new file; one that opened this one meanwhile sees it
+      # unlinked once it gets the lock, and starts over (`_lock`).
+      with contextlib.suppress(OSError):
+        os.unlink(os.path.join(path, LOCK_FILE))
+      os.close(fd)
+
+
+def check_writable(path: str, flag: str) -> None:
+  """A UserError naming `flag` unless the file `path` can be written (its directory is created when missing): checked
+  before the work whose result it will hold. Process 0 checks (the others write nothing); every process gets its
+  answer."""
+
+  def check() -> None:
+    if os.path.isdir(path):
+      raise UserError(f"{flag}={path} is a directory: give a file path")
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+      os.makedirs(directory, exist_ok=True)
+      fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
+      os.close(fd)
+      os.remove(tmp)
+    except OSError as e:
+      raise UserError(f"{flag}={path} cannot be written ({_why(e)}): give a path in a writable directory") from None
+
+  _on_process_0(check)
+
+
+def _why(error: OSError) -> str:
+  """Why a path could not be created, in words: makedirs says "File exists" when a parent is a file."""
+  if error.errno in (errno.EEXIST, errno.ENOTDIR):
+    return "a parent of it is a file"
+  return error.strerror or str(error)
+
+
+def _on_process_0(check: Callable[[], None]) -> None:
+  """Runs `check` on process 0; its UserError, if any, is raised on every process (which all call this at the same
+  point), so that none goes on alone."""
+  problem = None
+  if is_writer():
+    try:
+      check()
+    except UserError as e:
+      problem = str(e).encode()
+  problem = _from_process_0(problem)
+  if problem is not None:
+    raise UserError(problem.decode())
+
+
+def _lock(path: str, flag: str) -> int:
+  """An open descriptor of `path`'s lock file, flocked, with this process's pid written in it."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UserError(f"{flag}={path} is a file, not a directory: give a directory (it is created when missing)")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"{flag}={path} cannot be created ({_why(e)}): give a directory in a writable place") from None
+  lock_path = os.path.join(path, LOCK_FILE)
+  while True:
+    try:
+      fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+      raise UserError(f"{flag}={path} is not writable ({e.strerror}): give a writable directory") from None
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "pid unknown"
+      os.close(fd)
+      raise UserError(f"{flag}={path} is in use by another run ({holder}); wait for it to end or give another "
+                      f"{flag}") from None
+    try:
+      if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
+        break
+    except FileNotFoundError:
+      pass
+    os.close(fd)  # the holder it waited for unlinked this file on release: lock the new one
+  try:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    _remove_temporaries(path)
+  except OSError as e:
+    os.close(fd)
+    raise write_failed(lock_path, e) or e from None
+  return fd
+
+
+def _remove_temporaries(path: str) -> None:
+  """Removes what `atomic_write`s killed mid-write left in a run directory, down to general/<task>/ (the run that
+  holds the directory is its only writer)."""
+  top = os.path.normpath(path)
+  for root, directories, names in os.walk(top):
+    if os.path.relpath(root, top).count(os.sep) >= 1:
+      directories[:] = []  # nothing deeper is a run's
+    for name in names:
+      if _TEMPORARY.match(name):
+        os.remove(os.path.join(root, name))

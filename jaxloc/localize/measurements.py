@@ -7,15 +7,19 @@ switch metric without re-measuring, and every metric per document, `docs_<name>`
 `docs_baseline_<name>` [docs], which the confidence bootstrap resamples (stores written before these
 existed resume without them).
 
-`run.json` beside it records the settings that make the measurements what they are (model, task,
-samples, design, seed, ...). A re-run whose settings differ is refused, naming the flag.
+`run.json` beside it records the settings that make the measurements what they are: every setting that changes a
+score (model, parameter and activation dtype, task and its options, a digest of the documents, samples, ablation,
+design, seed, ...). A re-run whose settings differ is refused, naming the flag. A setting that a store saved before it
+was recorded is missing from its run.json: it is accepted (the store cannot say which value it had), said in a
+warning, and recorded from then on.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
-import zipfile
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -23,14 +27,20 @@ from jaxloc import files
 from jaxloc.errors import UserError
 from jaxloc.localize.methods.base import Measured
 
+log = logging.getLogger(__name__)
+
 MEASUREMENTS = "measurements.npz"
 RUN_SETTINGS = "run.json"
 
 
 class MeasurementStore(Measured):
-  """Append-only masks and their metrics (a `Measured` that plans read), persisted after every `append`."""
+  """Append-only masks and their metrics (a `Measured` that plans read), persisted after every `append`.
 
-  def __init__(self, output_dir: str, settings: dict[str, Any], metric: str, num_layers: int, num_heads: int):
+  labels: how a message names a setting, by key, when not as its flag --<key> (a general task's `num_samples` is
+  --general_samples)."""
+
+  def __init__(self, output_dir: str, settings: dict[str, Any], metric: str, num_layers: int, num_heads: int,
+               labels: Mapping[str, str] | None = None):
     self.output_dir = output_dir
     self.settings = settings
     self.metric = metric
@@ -41,11 +51,13 @@ class MeasurementStore(Measured):
     self.doc_metrics: dict[str, np.ndarray] | None = {}
     self.doc_baselines: dict[str, np.ndarray] | None = {}
     # Read as process 0 sees them (every process of a multi-process run resumes from the same point).
-    try:
-      saved = files.read_arrays(self.path)
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-      raise UserError(f"{self.path} is unreadable ({e}); move it away to start over") from None
-    self._check_settings(has_measurements=saved is not None)
+    saved = _read(self.path)
+    missing = check_settings(output_dir, settings, labels, has_measurements=saved is not None)
+    if missing and saved is not None:
+      log.warning("%s predates recording %s; its measurements are taken to match this run's (%s), recorded from now "
+                  "on", os.path.join(output_dir, RUN_SETTINGS), ", ".join(missing),
+                  ", ".join(f"{k}={settings[k]!r}" for k in missing))
+    files.write_json(os.path.join(output_dir, RUN_SETTINGS), settings)
     if saved is not None:
       self._load(saved)
 
@@ -57,20 +69,9 @@ class MeasurementStore(Measured):
   def baseline(self) -> float | None:
     return self.baselines.get(self.metric)
 
-  def _check_settings(self, has_measurements: bool) -> None:
-    path = os.path.join(self.output_dir, RUN_SETTINGS)
-    stored = files.read_json(path)
-    if stored is not None:
-      differing = [k for k in sorted(set(stored) | set(self.settings)) if stored.get(k) != self.settings.get(k)]
-      if differing and has_measurements:
-        details = "; ".join(f"--{k}: saved {stored.get(k)!r}, now {self.settings.get(k)!r}" for k in differing)
-        raise UserError(f"{self.output_dir} holds measurements made with other settings ({details}); rerun with "
-                        "the same flags to resume, or choose another --output_dir")
-    files.write_json(path, self.settings)
-
   def _load(self, data: dict[str, np.ndarray]) -> None:
     if "masks" not in data:
-      raise UserError(f"{self.path} is unreadable (it has no masks); move it away to start over")
+      raise UserError(f"{self.path} is unreadable (it has no masks); move it away to measure its task again")
     masks = data["masks"].astype(bool)
     metrics = {k[len("metric_"):]: v.astype(np.float64) for k, v in data.items() if k.startswith("metric_")}
     baselines = {k[len("baseline_"):]: float(v) for k, v in data.items() if k.startswith("baseline_")}
@@ -107,6 +108,14 @@ class MeasurementStore(Measured):
         self.doc_metrics[name] = np.concatenate([before, values])
     self._save()
 
+  def truncate(self, count: int) -> None:
+    """Keeps the first `count` masks and their measurements (those after them disagree with the run's)."""
+    self.masks = self.masks[:count]
+    self.metrics = {k: v[:count] for k, v in self.metrics.items()}
+    if self.doc_metrics is not None:
+      self.doc_metrics = {k: v[:count] for k, v in self.doc_metrics.items()}
+    self._save()
+
   def _save(self) -> None:
     arrays = {"masks": self.masks, "scores": self.scores,
               "baseline": np.float64(self.baseline if self.baseline is not None else np.nan)}
@@ -115,3 +124,41 @@ class MeasurementStore(Measured):
     arrays.update({f"docs_{k}": v for k, v in (self.doc_metrics or {}).items()})
     arrays.update({f"docs_baseline_{k}": v for k, v in (self.doc_baselines or {}).items()})
     files.save_arrays(self.path, arrays)
+
+
+def check_resume(output_dir: str, settings: dict[str, Any], labels: Mapping[str, str] | None = None) -> None:
+  """What opening the store in `output_dir` with `settings` would refuse (its file unreadable, or measurements made
+  with other settings), found without writing anything: a run checks it before its model loads."""
+  saved = _read(os.path.join(output_dir, MEASUREMENTS))
+  check_settings(output_dir, settings, labels, has_measurements=saved is not None)
+
+
+def check_settings(output_dir: str, settings: dict[str, Any], labels: Mapping[str, str] | None,
+                   has_measurements: bool) -> list[str]:
+  """A UserError naming every setting that differs from the saved run.json when measurements are saved; returns the
+  settings run.json does not record (it predates them)."""
+  stored = files.read_json(os.path.join(output_dir, RUN_SETTINGS))
+  if stored is None:
+    return []
+  # Flags first, in order; then what no flag names (the documents' digest).
+  differing = [k for k in sorted(settings, key=lambda k: (k in (labels or {}) and not labels[k].startswith("--"), k))
+               if k in stored and stored[k] != _as_saved(settings[k])]
+  if differing and has_measurements:
+    labels = labels or {}
+    details = "; ".join(f"{labels.get(k, '--' + k)}: saved {stored[k]!r}, now {settings[k]!r}" for k in differing)
+    raise UserError(f"{output_dir} holds measurements made with other settings ({details}); rerun with the same flags "
+                    "to resume, or choose another --output_dir")
+  return [k for k in sorted(settings) if k not in stored]
+
+
+def _as_saved(value: Any) -> Any:
+  """A setting as it reads back from run.json (tuples become lists)."""
+  return json.loads(json.dumps(value, default=str))
+
+
+def _read(path: str) -> dict[str, np.ndarray] | None:
+  try:
+    return files.read_arrays(path)
+  except files.CorruptFile as e:
+    raise UserError(f"{path} is truncated or corrupt ({e.detail}); move it away (or delete it) to measure its task "
+                    "again: the other tasks' measurements in this run are kept") from None

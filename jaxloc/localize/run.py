@@ -19,6 +19,8 @@ Axes: `masks` M, `layers` L, `heads` H, N = L * H flattened (flat = layer * H + 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import time
@@ -31,7 +33,7 @@ from tqdm import tqdm
 from jaxloc import files
 from jaxloc.errors import UserError
 from jaxloc.heads import parse_units, run_file, singular, unit_name, units_per_layer
-from jaxloc.localize import aliasing, confidence, confirm, designs, methods, specificity, validate
+from jaxloc.localize import aliasing, confidence, confirm, designs, measurements, methods, specificity, validate
 from jaxloc.localize.measurements import MeasurementStore
 from jaxloc.localize.methods.base import SCORED_GENERAL_TASKS, SCORED_TARGET
 from jaxloc.localize.settings import LocalizeSettings
@@ -102,6 +104,91 @@ def _methods_without(need: str, unit: str) -> str:
   return ", ".join(name for name in methods.names_for(unit) if need not in methods.get(name).needs)
 
 
+def check_layout(settings: LocalizeSettings, tasks: Tasks, config) -> None:
+  """What the model's layout refuses, found from its config alone (`jaxloc.models.loading.read_config`), so before
+  the model loads: excluded units it does not have, a --top_k above the units there are to select, a --num_masks
+  whose masks and measurements would not fit in host memory."""
+  unit, per_layer = settings.unit, units_per_layer(config, settings.unit)
+  total = config.num_layers * per_layer
+  excluded = parse_units(settings.exclude_heads, config.num_layers, per_layer, unit)
+  selectable = total - len(excluded)
+  if settings.top_k > selectable:
+    less = f" less {len(excluded)} excluded" if excluded else ""
+    raise UserError(f"--top_k={settings.top_k} is more than the {selectable} {unit} there are to select "
+                    f"({config.num_layers} layers × {per_layer}{less}): give at most {selectable}")
+  if "num_masks" in methods.get(settings.method).run_settings:
+    _check_memory(settings.num_masks, total, tasks, unit)
+
+
+def _check_memory(num_masks: int, total: int, tasks: Tasks, unit: str) -> None:
+  """--num_masks refused when its masks and measurements would take more than half the host's memory: per mask and
+  task, its bool mask and every metric per document (float64), twice (a store is copied as it grows), and one float64
+  row of the solver's design matrix."""
+  docs = sum(len(t.task.metric_names) * len(t.docs) for t in tasks.all)
+  per_mask = 2 * (len(tasks.all) * total + 8 * docs) + 8 * total
+  memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  most = memory // 2 // per_mask
+  if num_masks > most:
+    raise UserError(f"--num_masks={num_masks:,} would need about {num_masks * per_mask / 2**30:,.0f} GiB of host "
+                    f"memory ({per_mask:,} bytes per mask: {total:,} {unit} and {len(tasks.all)} tasks' metrics per "
+                    f"document), more than half of this machine's {memory / 2**30:.0f} GiB: give at most {most:,}")
+
+
+def scoring_settings(dtype: str, activation_dtype: str, share_prefix: bool) -> dict[str, Any]:
+  """The engine settings saved scores depend on, as run.json records them (by flag name): the parameter and
+  activation dtypes, and --share_prefix, which in bfloat16 changes scores beyond rounding (SmolLM2 on plurals: a
+  mask's mean log-probability by up to 0.82 and its accuracy by 0.07, more than bfloat16 against float32 changes the
+  log-probability, 0.13; in float32 by 2e-5)."""
+  return {"dtype": dtype, "activation_dtype": activation_dtype, "share_prefix": share_prefix}
+
+
+def engine_scoring_settings(engine) -> dict[str, Any]:
+  """`scoring_settings` of an engine."""
+  return scoring_settings(np.dtype(engine.model.dtype).name, np.dtype(engine.dtype).name,
+                          engine.config.share_prefix)
+
+
+@dataclasses.dataclass
+class StoreSpec:
+  """Where a task's measurements go and the settings they are made with (`measurements.MeasurementStore`)."""
+
+  directory: str
+  settings: dict[str, Any]
+  labels: dict[str, str]  # a setting's name in messages, when not --<key>
+
+
+def store_specs(settings: LocalizeSettings, tasks: Tasks, scoring: dict[str, Any]) -> list[StoreSpec]:
+  """The target's store in output_dir and each general task's in general/<task>/, with every setting that changes a
+  score: the run's and its method's, the engine's `scoring_settings`, and a digest of the task's identification
+  documents (an edited task file changes it). Packing, batch sizes and the residual cache are left out: they change
+  scores at the level of rounding (--nopack: a mask's mean log-probability by 6e-6 in float32, 3e-3 in bfloat16,
+  accuracy not at all)."""
+  method = methods.get(settings.method)
+  shared = {**settings.shared_measurement_settings(), **method.measurement_settings(settings), **scoring}
+  specs = []
+  for t in tasks.all:
+    own = {"documents": _digest(t.docs)}
+    labels = {"documents": f"the identification documents of {t.name} (digest)"}
+    directory = settings.output_dir
+    if t is not tasks.target:
+      directory = os.path.join(settings.output_dir, "general", task_label(t.name))
+      own.update(task=t.name, task_options={}, num_samples=settings.general_samples)
+      labels["num_samples"] = "--general_samples"
+    specs.append(StoreSpec(directory, {**shared, **own}, labels))
+  return specs
+
+
+def _digest(docs: list) -> str:
+  return hashlib.sha256(json.dumps(docs, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def check_resume(settings: LocalizeSettings, tasks: Tasks, scoring: dict[str, Any]) -> None:
+  """A UserError when output_dir holds measurements the run's stores would refuse (unreadable, or made with other
+  settings: the message names the flag), found before the model loads; writes nothing."""
+  for spec in store_specs(settings, tasks, scoring):
+    measurements.check_resume(spec.directory, spec.settings, spec.labels)
+
+
 @dataclasses.dataclass
 class Measuring:
   """One task's measurements under the design and the evaluator that adds to them."""
@@ -112,8 +199,8 @@ class Measuring:
 
 def measure(plan: methods.Plan, target: Measuring, general: list[Measuring], progress: bool = True) -> None:
   """Measures what `plan` asks for on the target and every general task (the same masks, MASKS_PER_ROUND at a
-  time), saving after every engine batch; resumes from the stores (a general task that fell behind catches up
-  first)."""
+  time), saving after every engine batch; resumes from the stores: a general task that fell behind catches up first,
+  one that holds masks the target no longer has (its store moved away) keeps those the target measures again."""
   tasks = [target, *general]
   total = plan.expected_total() * len(tasks)
   bar = tqdm(total=total, initial=min(sum(len(t.store) for t in tasks), total), unit="task·mask",
@@ -126,21 +213,61 @@ def measure(plan: methods.Plan, target: Measuring, general: list[Measuring], pro
       bar.update(where.stop - where.start)
       bar.set_postfix({task_label(task.evaluator.name): f"{float(np.mean(metrics[task.store.metric])):.3f}"})
 
+  def catch_up(task: Measuring, agreed: int) -> None:
+    """A general task's store brought to the target's masks: its masks past the first `agreed` (known to agree) that
+    differ from the target's are dropped, the target's it lacks are scored."""
+    kept = _agreeing(task.store.masks, target.store.masks, agreed)
+    if kept < len(task.store) and kept < len(target.store):
+      task.store.truncate(kept)
+    if len(task.store) < len(target.store):
+      score(task, target.store.masks[len(task.store):])
+
   try:
+    _recover(target, general)
     for task in general:
-      n = len(task.store)
-      if n > len(target.store) or not np.array_equal(task.store.masks, target.store.masks[:n]):
-        raise UserError(f"{task.store.path} does not hold the masks of {target.store.path}; move "
-                        f"{task.store.output_dir} away to re-measure {task.evaluator.name}")
-      if n < len(target.store):
-        score(task, target.store.masks[n:])
+      catch_up(task, 0)
+
     def score_every_task(masks: np.ndarray) -> None:
-      for task in tasks:
-        score(task, masks)
+      agreed = len(target.store)
+      score(target, masks)
+      for task in general:
+        files.fault_point("between_tasks")
+        catch_up(task, agreed)
 
     methods.drive(plan, target.store, score_every_task, chunk=MASKS_PER_ROUND)
+    for task in general:  # masks kept from an earlier run that the target did not measure again
+      if len(task.store) > len(target.store):
+        task.store.truncate(len(target.store))
   finally:
     bar.close()
+
+
+def _agreeing(masks: np.ndarray, reference: np.ndarray, start: int) -> int:
+  """How many of `masks` equal `reference`'s from the first (those before `start` are known to)."""
+  count = min(len(masks), len(reference))
+  width = int(np.prod(masks.shape[1:]))
+  differ = np.flatnonzero((masks[start:count] != reference[start:count]).reshape(-1, width).any(axis=1))
+  return start + int(differ[0]) if len(differ) else count
+
+
+def _recover(target: Measuring, general: list[Measuring]) -> None:
+  """Says, in one line, what is kept of general tasks' measurements that the target's no longer match (its
+  measurements.npz was moved away, or lost masks): masks a general task holds beyond the target's are kept while
+  the target measures the same masks again; those that differ from the target's are dropped and measured again."""
+  ahead, dropped = [], []
+  for task in general:
+    agreed = _agreeing(task.store.masks, target.store.masks, 0)
+    name = task_label(task.evaluator.name)
+    if agreed < len(task.store) and agreed == len(target.store):
+      ahead.append(f"{name}'s {len(task.store)}")
+    elif agreed < len(task.store):
+      dropped.append(f"{name}'s last {len(task.store) - agreed}")
+  if ahead:
+    log.warning("%s holds %d measured masks; keeping %s: the target measures its missing masks again, the general "
+                "tasks only masks they lack", target.store.path, len(target.store), ", ".join(ahead))
+  if dropped:
+    log.warning("dropping %s measured masks, which differ from the target's in %s, and measuring them again",
+                ", ".join(dropped), target.store.path)
 
 
 @dataclasses.dataclass
@@ -160,13 +287,20 @@ class Found:
 
 def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, progress: bool = True
              ) -> dict[str, Any]:
-  """Runs (or resumes) a localization and writes its outputs; returns the heads.json (neurons.json) payload."""
+  """Runs (or resumes) a localization and writes its outputs; returns the heads.json (neurons.json) payload. The run
+  holds its output directory (`files.hold_run_directory`): another run into it is refused."""
+  with files.hold_run_directory(settings.output_dir):
+    return _localize(engine, settings, tasks, progress)
+
+
+def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress: bool) -> dict[str, Any]:
   tasks = tasks or load_tasks(settings)
   method = methods.get(settings.method)
   timing: dict[str, float] = {}
   start = time.perf_counter()
   compiled_before = engine.compile_count
   c = engine.model_config
+  check_layout(settings, tasks, c)
   unit = settings.unit
   per_layer = units_per_layer(c, unit)
   exclude = parse_units(settings.exclude_heads, c.num_layers, per_layer, unit)
@@ -174,7 +308,7 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
   excluded = designs.excluded_heads(settings.exclude_heads, c.num_layers * per_layer, num_heads=per_layer, unit=unit)
 
   identification = [Evaluator.build(engine, t.name, t.task, t.docs, settings.ablation, unit) for t in tasks.all]
-  measuring = _open_stores(settings, method, tasks, identification, (c.num_layers, per_layer))
+  measuring = _open_stores(settings, tasks, identification, (c.num_layers, per_layer), engine_scoring_settings(engine))
   resumed = len(measuring[0].store)
   log.info("%s baseline %s = %.4f (%d samples)%s", settings.task, measuring[0].store.metric,
            measuring[0].store.baseline, len(tasks.target.docs),
@@ -231,6 +365,7 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
                                   for e, td in zip(identification, tasks.all)], metrics)
   found = _find_heads(settings, ranking, general_rankings, measuring, excluded, confirming, in_sample, design)
   if settings.validate:
+    files.fault_point("validation")
     _validate(settings, found, confirming, in_sample)
   timing["validate_seconds"] = time.perf_counter() - t
 
@@ -257,22 +392,17 @@ def _design(masks: np.ndarray, excluded: np.ndarray) -> aliasing.DesignDiagnosti
   return aliasing.diagnose(masks[rows], excluded) if rows.any() else None
 
 
-def _open_stores(settings: LocalizeSettings, method, tasks: Tasks, identification: list[Evaluator], shape
-                 ) -> list[Measuring]:
-  """The target's store in output_dir and each general task's in general/<task>/, baselines measured."""
-  measuring = []
-  for t, evaluator in zip(tasks.all, identification):
-    is_target = t is tasks.target
-    directory = settings.output_dir if is_target else os.path.join(settings.output_dir, "general", task_label(t.name))
-    measurement_settings = {**settings.shared_measurement_settings(), **method.measurement_settings(settings)}
-    if not is_target:
-      measurement_settings.update(task=t.name, task_options={}, num_samples=settings.general_samples)
-    store = MeasurementStore(directory, measurement_settings, t.metric, *shape)
+def _open_stores(settings: LocalizeSettings, tasks: Tasks, identification: list[Evaluator], shape,
+                 scoring: dict[str, Any]) -> list[Measuring]:
+  """Every task's store (`store_specs`), baselines measured: every store is opened (and its settings checked)
+  before anything is measured."""
+  stores = [MeasurementStore(spec.directory, spec.settings, t.metric, *shape, labels=spec.labels)
+            for t, spec in zip(tasks.all, store_specs(settings, tasks, scoring))]
+  for store, evaluator in zip(stores, identification):
     if store.baseline is None:
       baseline = evaluator.run(np.ones((1, *shape), np.float32), per_doc=True)
       store.set_baseline({k: v[0] for k, v in baseline.items()})
-    measuring.append(Measuring(store, evaluator))
-  return measuring
+  return [Measuring(store, evaluator) for store, evaluator in zip(stores, identification)]
 
 
 def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring: list[Measuring],

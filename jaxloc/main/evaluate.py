@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxloc import cli
+from jaxloc import cli, files
 from jaxloc.errors import UserError
 from jaxloc.evaluate import evaluate_heads
-from jaxloc.files import write_json
+from jaxloc.heads import parse_units, units_per_layer
 from jaxloc.localize.settings import setting
+from jaxloc.models.loading import read_config
 from jaxloc.tasks.evaluation import load_task
 
 
@@ -41,9 +42,16 @@ def main(config: EvaluateConfig) -> dict:
     raise UserError("give --heads or --neurons, not both")
   if config.curve and not (config.heads or config.neurons):
     raise UserError("--curve evaluates the prefixes of a ranking: give the ranking with --heads or --neurons")
-  # an unknown task, a missing dataset or a malformed line is reported before the model loads
+  # An unknown task, a missing dataset, a malformed line, a unit the model does not have or an output that cannot be
+  # written is reported before the model loads.
   loaded = load_task(config.task, config.task_options, num_samples=config.num_samples, seed=config.seed,
                      data_dir=config.data_dir)
+  if config.heads or config.neurons:
+    unit = "neurons" if config.neurons else "heads"
+    model_config = read_config(cli.FLAGS.model)
+    parse_units(config.neurons or config.heads, model_config.num_layers, units_per_layer(model_config, unit), unit)
+  if config.output_json:
+    files.check_writable(config.output_json, "--output_json")
   engine = cli.engine_from_flags()
   result = evaluate_heads(engine, config.task, heads=config.heads, ablation=config.ablation,
                           num_samples=config.num_samples, seed=config.seed, data_dir=config.data_dir,
@@ -56,7 +64,7 @@ def main(config: EvaluateConfig) -> dict:
   for name, value in result["metrics"].items():
     print(f"{name}: {value:.4f}")
   if config.output_json:
-    write_json(config.output_json, result)
+    files.write_json(config.output_json, result)
   return result
 
 

@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
+import numpy as np
 from absl import flags
 
-from jaxloc import cli
+from jaxloc import cli, files
 from jaxloc.api import run_localization
+from jaxloc.engine.config import EngineConfig
 from jaxloc.localize import methods
-from jaxloc.localize.run import load_tasks
+from jaxloc.localize.run import check_layout, check_resume, load_tasks, scoring_settings
 from jaxloc.localize.settings import LocalizeSettings, nested, setting
+from jaxloc.models.loading import default_dtype, read_config
 from jaxloc.report.summary import summary_table
 
 
@@ -35,11 +39,24 @@ class LocalizeConfig:
 
 def main(config: LocalizeConfig) -> None:
   settings = config.settings
-  tasks = load_tasks(settings)  # every user error that needs no model is reported before it loads
-  engine = cli.engine_from_flags()
-  run = run_localization(engine, settings=settings, tasks=tasks, progress=config.progress)
+  # Every user error that needs no model weights is reported before they load: the settings and the tasks, names and
+  # counts checked against the model's config, the output directory (held from here on), a resume's settings.
+  tasks = load_tasks(settings)
+  check_layout(settings, tasks, read_config(settings.model))
+  with files.hold_run_directory(settings.output_dir):
+    check_resume(settings, tasks, _flag_scoring_settings())
+    engine = cli.engine_from_flags()
+    run = run_localization(engine, settings=settings, tasks=tasks, progress=config.progress)
   print(summary_table(run.info, run.ablation))
   print(f"outputs in {settings.output_dir}")
+
+
+def _flag_scoring_settings() -> dict[str, Any]:
+  """`run.scoring_settings` of the engine that `cli.engine_from_flags` builds, from the flags alone."""
+  model_flags, engine_config = cli.settings_from_flags(cli.ModelFlags), cli.settings_from_flags(EngineConfig)
+  dtype = np.dtype(default_dtype()).name if model_flags.dtype == "auto" else model_flags.dtype
+  activation = dtype if engine_config.activation_dtype == "auto" else engine_config.activation_dtype
+  return scoring_settings(dtype, activation, engine_config.share_prefix)
 
 
 def define_flags() -> None:

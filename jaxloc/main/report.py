@@ -9,8 +9,10 @@ click any head for its value, interval, selection frequency and drops, beside th
 from __future__ import annotations
 
 import dataclasses
+import os
 
-from jaxloc import cli
+from jaxloc import cli, files
+from jaxloc.errors import UserError
 from jaxloc.localize.settings import setting
 from jaxloc.report.page import write_page
 from jaxloc.report.plots import write_plots
@@ -23,9 +25,12 @@ class ReportConfig:
 
 
 def main(config: ReportConfig) -> str:
-  path = write_page(config.run_dir)
-  for written in write_plots(config.run_dir) if config.plots else []:
-    print(written)
+  if not os.path.isdir(config.run_dir):
+    raise UserError(f"run directory not found: --run_dir={config.run_dir}")
+  with files.hold_run_directory(config.run_dir, "--run_dir"):  # not while a run writes it
+    path = write_page(config.run_dir)
+    for written in write_plots(config.run_dir) if config.plots else []:
+      print(written)
   print(path)
   return path
 

@@ -11,6 +11,7 @@ the MLP, Gemma's and OLMo-2's the norm on the attention output): `_layer_leaves`
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 from typing import Any, Callable, Iterable, Mapping
@@ -194,32 +195,118 @@ def _unpermute_rotary(w: np.ndarray, num_heads: int) -> np.ndarray:
   return w.reshape(num_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# Metadata arrays too large to decode for a config (the tokenizer's); only their lengths are kept.
 _GGUF_LARGE_FIELDS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
                       "tokenizer.ggml.scores")
+# GGUF metadata value types (the spec's numbering) -> struct formats; 8 is a string, 9 an array.
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 
-def read_gguf(path: str):
-  """(config, reader) for a GGUF file."""
-  import gguf  # Imported here: only GGUF loads need it.
+class _GGUFHeader:
+  """Reads a GGUF header (the metadata key/values, then one info per tensor) from a memory map, position by
+  position; reading past the end raises struct.error."""
+
+  def __init__(self, data, byte_order: str):
+    self.data, self.order, self.position = data, byte_order, 0
+
+  def take(self, fmt: str):
+    (value,) = struct.unpack_from(self.order + fmt, self.data, self.position)
+    self.position += struct.calcsize(fmt)
+    return value
+
+  def string(self) -> str:
+    size = self.take("Q")
+    if self.position + size > len(self.data):
+      raise struct.error("string past the end of the file")
+    self.position += size
+    return bytes(self.data[self.position - size:self.position]).decode("utf-8", errors="replace")
+
+  def value(self, kind: int, keep: bool = True):
+    """A metadata value; an array that is not kept is skipped and its length returned."""
+    if kind == _GGUF_STRING:
+      return self.string()
+    if kind != _GGUF_ARRAY:
+      return self.take(_GGUF_SCALARS[kind])
+    item_kind, count = self.take("I"), self.take("Q")
+    if keep:
+      return [self.value(item_kind) for _ in range(count)]
+    if item_kind == _GGUF_STRING:
+      for _ in range(count):
+        size = self.take("Q")  # taken before the += reads the position
+        self.position += size
+    else:
+      self.position += count * struct.calcsize(_GGUF_SCALARS[item_kind])
+    return count
+
+
+def gguf_metadata(path: str) -> tuple[dict[str, Any], set[str]]:
+  """(metadata fields, tensor names) of a GGUF file, from its header alone (milliseconds: no tensor is read). The
+  tokenizer's large arrays are left out; their vocabulary size is kept as `<arch>.vocab_size` unless given. A
+  UserError names the file when it is no GGUF file or is truncated (its tensors need more bytes than it holds)."""
+  from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # Imported here: only GGUF loads need it.
 
   if not os.path.isfile(path):
     raise UserError(f"GGUF file not found: {path}")
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    if f.read(4) != b"GGUF":
+      raise UserError(f"{path} is not a readable GGUF file: it does not start with the GGUF magic")
+    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+  with data:
+    (version,) = struct.unpack_from("<I", data, 4) if size >= 8 else (0,)
+    header = _GGUFHeader(data, "<" if version & 0xFFFF else ">")  # a file written on a big-endian host reads 0 here
+    header.position = 4
+    try:
+      version = header.take("I")
+      if version not in (2, 3):
+        raise UserError(f"{path} is GGUF version {version}; supported: 2, 3")
+      num_tensors, num_fields = header.take("Q"), header.take("Q")
+      fields: dict[str, Any] = {}
+      for _ in range(num_fields):
+        name = header.string()
+        fields[name] = header.value(header.take("I"), keep=name not in _GGUF_LARGE_FIELDS)
+      ends = {}
+      for _ in range(num_tensors):
+        name = header.string()
+        dims = [header.take("Q") for _ in range(header.take("I"))]
+        kind, offset = header.take("I"), header.take("Q")
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        ends[name] = offset + int(np.prod(dims, dtype=np.int64)) // block * type_size
+    except (struct.error, ValueError, KeyError) as e:
+      if isinstance(e, UserError):
+        raise
+      if isinstance(e, struct.error):
+        raise UserError(f"{path} is truncated: its header ends past its {size:,} bytes; download it again") from None
+      raise UserError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
+  alignment = int(fields.get("general.alignment", 32))
+  data_start = -(-header.position // alignment) * alignment
+  needed = data_start + max(ends.values(), default=0)
+  if needed > size:
+    raise UserError(f"{path} is truncated: it has {size:,} bytes, its tensors need {needed:,}; download it again")
+  tokens = fields.get("tokenizer.ggml.tokens")
+  if tokens is not None:
+    fields.setdefault(f"{fields.get('general.architecture')}.vocab_size", tokens)
+  for name in _GGUF_LARGE_FIELDS:
+    fields.pop(name, None)
+  return fields, set(ends)
+
+
+def gguf_config(path: str) -> ModelConfig:
+  """A GGUF file's model config, from its header (`gguf_metadata`)."""
+  return config_from_gguf(*gguf_metadata(path))
+
+
+def read_gguf(path: str):
+  """(config, reader) for a GGUF file; a truncated file is named as such before its tensors are mapped."""
+  import gguf  # Imported here: only GGUF loads need it.
+
+  config = gguf_config(path)
   try:
     reader = gguf.GGUFReader(path)
   except (ValueError, OSError, struct.error) as e:
     raise UserError(f"{path} is not a readable GGUF file: {e}") from None
-  fields = {}
-  for name, field in reader.fields.items():
-    if name in _GGUF_LARGE_FIELDS:
-      continue
-    try:
-      fields[name] = field.contents()
-    except Exception:  # noqa: BLE001 - metadata we cannot decode and do not need
-      continue
-  arch = fields.get("general.architecture")
-  if "tokenizer.ggml.tokens" in reader.fields:
-    fields.setdefault(f"{arch}.vocab_size", len(reader.fields["tokenizer.ggml.tokens"].data))
-  return config_from_gguf(fields, {t.name for t in reader.tensors}), reader
+  return config, reader
 
 
 def load_gguf_params(path: str, dtype, sharding_for: ShardingFn | None = None) -> tuple[ModelConfig, dict]:

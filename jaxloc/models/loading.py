@@ -97,6 +97,35 @@ def _hub_directory(repo_id: str) -> str:
                     f"it needs {needed}; pass a local directory with --model=/path/to/dir") from None
 
 
+def read_config(spec: str) -> ModelConfig:
+  """The config of the model `load_model(spec)` loads, without its weights: the layout (layers, heads, MLP width)
+  that flags naming heads or neurons are checked against before the model loads. Cheap: a GGUF header, a
+  config.json (for a hub id, that file alone), or a random preset."""
+  if spec.startswith(presets.PREFIX):
+    return presets.preset_config(spec)
+  kind, path = resolve(spec)
+  if kind == "gguf":
+    return checkpoints.gguf_config(path)
+  if kind == "hub":
+    path = _hub_config_directory(path)
+  config_path = os.path.join(path, "config.json")
+  try:
+    with open(config_path) as f:
+      return config_from_hf(json.load(f))
+  except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+    raise UserError(f"{config_path} is not valid JSON ({e})") from None
+
+
+def _hub_config_directory(repo_id: str) -> str:
+  """The local directory holding a hub model's config.json, fetching that file alone when it is not cached."""
+  from huggingface_hub import hf_hub_download
+
+  try:
+    return os.path.dirname(hf_hub_download(repo_id, "config.json"))
+  except Exception:  # noqa: BLE001 - offline, missing or unreachable: the whole fetch says what is needed
+    return _hub_directory(repo_id)
+
+
 def _has_tokenizer_files(directory: str) -> bool:
   return any(os.path.exists(os.path.join(directory, name))
              for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
@@ -236,7 +265,7 @@ def load_model(spec: str, *, dtype=None, cache_dir: str | None = "", sharding_fo
   cache = ConversionCache(cache_dir, path, dtype) if cache_dir else None
   config = cache.config() if cache else None
   if config is None and kind == "gguf":
-    config, _ = checkpoints.read_gguf(path)
+    config = checkpoints.gguf_config(path)
   elif config is None:
     with open(os.path.join(path, "config.json")) as f:
       config = config_from_hf(json.load(f))
@@ -247,7 +276,11 @@ def load_model(spec: str, *, dtype=None, cache_dir: str | None = "", sharding_fo
     else:
       params = checkpoints.load_safetensors_params(path, config, dtype, sharding_for)
     if cache:
-      cache.save(config, params)
+      try:
+        cache.save(config, params)
+      except Exception as e:  # noqa: BLE001 - a cache that cannot be written (full disk, read-only) only costs time
+        log.warning("could not cache the converted parameters in %s (%s); the next load converts again", cache.root,
+                    e)
   tokenizer = None
   if with_tokenizer:
     tokenizer = cache.tokenizer(kind, path) if cache else load_tokenizer(kind, path)

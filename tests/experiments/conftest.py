@@ -1,25 +1,19 @@
 """CLI helpers: a small custom task and `run_cli` (the tiny model directory is the root conftest's)."""
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.experiments.reliability import CAPITALS, write_task
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture()
 def capitals_jsonl(tmp_path):
-  rows = [("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Germany", "Berlin"),
-          ("Japan", "Tokyo"), ("Egypt", "Cairo"), ("Peru", "Lima"), ("Kenya", "Nairobi"),
-          ("Norway", "Oslo"), ("Greece", "Athens"), ("Cuba", "Havana"), ("Chile", "Santiago")]
-  path = tmp_path / "capitals.jsonl"
-  with open(path, "w") as f:
-    for country, city in rows:
-      f.write(json.dumps({"prompt": f"The capital of {country} is", "target": f" {city}"}) + "\n")
-  return str(path)
+  return write_task(str(tmp_path / "capitals.jsonl"), CAPITALS)
 
 
 def run_cli(module, *args, timeout=600, **popen):

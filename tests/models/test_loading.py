@@ -11,7 +11,7 @@ import pytest
 from jaxloc.errors import UserError
 from jaxloc.models import checkpoints
 from jaxloc.models.config import config_from_hf
-from jaxloc.models.loading import load_model, resolve
+from jaxloc.models.loading import load_model, read_config, resolve
 
 
 def test_missing_path_is_a_clear_error(tmp_path):
@@ -122,3 +122,52 @@ def test_random_model_loads_and_runs():
   assert loaded.config.num_heads == 9 and loaded.tokenizer is not None
   with pytest.raises(UserError, match="unknown random preset"):
     load_model("random:gpt-5")
+
+
+def _reader_config(path):
+  """A GGUF file's config as gguf's own reader decodes its metadata (every tensor mapped)."""
+  import gguf
+
+  from jaxloc.models.config import config_from_gguf
+
+  reader = gguf.GGUFReader(path)
+  fields = {name: field.contents() for name, field in reader.fields.items()
+            if name not in checkpoints._GGUF_LARGE_FIELDS and not name.startswith("GGUF.")}
+  fields.setdefault(f"{fields['general.architecture']}.vocab_size", len(reader.fields["tokenizer.ggml.tokens"].data))
+  return config_from_gguf(fields, {t.name for t in reader.tensors})
+
+
+@pytest.mark.parametrize("alias", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_read_config_of_a_gguf_is_its_headers_and_equals_the_readers(alias):
+  try:
+    _, path = resolve(alias)
+  except UserError as e:
+    pytest.skip(str(e))
+  assert read_config(alias) == _reader_config(path)
+
+
+def test_read_config_of_every_other_kind(tmp_path):
+  from jaxloc.models.presets import PRESETS
+
+  assert read_config("random:llama-3.2-1b") == PRESETS["llama-3.2-1b"]
+  hf = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 12, "num_hidden_layers": 2,
+        "num_attention_heads": 2}
+  (tmp_path / "config.json").write_text(json.dumps(hf))
+  assert read_config(str(tmp_path)) == config_from_hf(hf)
+  (tmp_path / "config.json").write_text("{")
+  with pytest.raises(UserError, match="config.json is not valid JSON"):
+    read_config(str(tmp_path))
+
+
+def test_a_truncated_gguf_is_named_truncated_before_any_tensor_is_read(tmp_path):
+  _, path = resolve("smollm2-135m")
+  size = os.path.getsize(path)
+  for kept, says in [(100, "its header ends past its 100 bytes"),
+                     (3_000_000, f"it has 3,000,000 bytes, its tensors need {size:,}"),
+                     (size - 1, f"it has {size - 1:,} bytes, its tensors need {size:,}")]:
+    truncated = tmp_path / "model.gguf"
+    with open(path, "rb") as f:
+      truncated.write_bytes(f.read(kept))
+    for attempt in (read_config, lambda spec: load_model(spec, cache_dir=None)):
+      with pytest.raises(UserError, match=f"{truncated} is truncated: {says}"):
+        attempt(str(truncated))
