@@ -139,3 +139,11 @@ def test_a_neuron_selection_is_confirmed_at_its_head_and_continues_with_the_esti
   found, _ = _find(unit="neurons", top_k=4, curve_k=1)
   assert found.selected[:1] == [1] and found.confirmation.confirmed == 1  # 0 rejected by measurement
   assert found.selected == [1, 2, 3, 4] and found.confirmation.estimated == 3
+
+
+def test_a_method_that_measured_its_candidates_alone_is_confirmed_at_no_extra_cost():
+  # The default run's case: gradient_confirm ablated its best heads alone on every task's identification documents,
+  # so the confirmed selection reads those measurements and ablates nothing more.
+  found, scorer = _find(known_heads=tuple(range(6)))
+  assert found.selected == [1, 2] and found.confirmation.rejected == [0]
+  assert found.confirmation_masks == 0 and scorer.asked == [] and sorted(found.confirmation.reused) == [0, 1, 2]
