@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloc.models.llama import Ablation, lm_logits
+from jaxloc.models.decoder import Ablation, lm_logits
 
 
 def logits(model, ids, head_mask=None, neuron_mask=None) -> np.ndarray:
@@ -51,10 +51,11 @@ def check_neuron_mask_parity(model, torch_model, ids, neurons, tolerance=1e-3) -
   return difference
 
 
-def check_head_mask_parity(model, torch_model, ids, heads) -> None:
-  """Ablating `heads` matches the o_proj pre-hook to 1e-3, changes the logits, and an all-ones mask changes no bit."""
+def check_head_mask_parity(model, torch_model, ids, heads, tolerance=1e-3) -> None:
+  """Ablating `heads` matches the o_proj pre-hook to `tolerance`, changes the logits, and an all-ones mask changes no
+  bit."""
   ours = logits(model, ids, head_mask=keep_mask(model.config, heads))
-  assert np.abs(ours - torch_logits(torch_model, ids, heads)).max() < 1e-3
+  assert np.abs(ours - torch_logits(torch_model, ids, heads)).max() < tolerance
   unmasked = logits(model, ids)
   assert np.abs(ours - unmasked).max() > 1e-2
   assert np.array_equal(unmasked, logits(model, ids, head_mask=keep_mask(model.config, [])))
