@@ -22,6 +22,13 @@ confirmations). It runs only if its plan fits the budget, and only where the pro
 Ground truth: every head ablated alone (`methods.base.single_head_plan`, one-shot greedy over every head), for
 every metric the task reports. For each (variant, budget, seed): recall of the ground truth's top-k, for every
 metric, and the score change from ablating the variant's top-k together (one more cached evaluation).
+
+With held-out documents and general tasks (`Judging`), each method is also judged by the heads a run of it would
+report: the general tasks are scored under the method's masks on their identification documents, and the runner's
+own selection (`localize.confirm.find_heads`: universal heads confirmed on held-out documents, the default
+`--selection=specific` confirmed by single-head ablation on every task's identification documents, its extra masks
+counted) picks the top-k, which is then ablated together on the held-out documents of the target and of every
+general task. The raw ranking's top-k is judged there too (the `top_k` of a record, which recall scores).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from jaxloc.bench import diagnostics
 from jaxloc.bench.problems import Problem, measure_gradient, real_problem, synthetic_problem
 from jaxloc.errors import UserError
 from jaxloc.heads import head_name
-from jaxloc.localize import methods, validate
+from jaxloc.localize import aliasing, confirm, methods, specificity, validate
 from jaxloc.localize.methods import Measured, Ranking
 from jaxloc.localize.methods.base import ATTRIBUTION, GRADIENT, OBJECTIVE, drive, single_head_plan
 from jaxloc.localize.methods.greedy import IterativeGreedyPlan
@@ -119,6 +126,12 @@ class MethodRun:
   ranking: np.ndarray  # int [N], most important first
   evaluations: float  # masks measured, plus the gradient pass in evaluations
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
+  # What the runner's selection needs: the settings run, the plan (it estimates the general tasks from the same
+  # masks), the target's measurements and the ranking.
+  settings: LocalizeSettings | None = None
+  plan: methods.Plan | None = None
+  measured: Measured | None = None
+  ranked: Ranking | None = None
 
 
 def context(problem: Problem, memory: dict | None = None) -> methods.Context:
@@ -152,9 +165,15 @@ def measure_plan(plan: methods.Plan, problem: Problem, metric: str) -> Measured:
 def run_settings(settings: LocalizeSettings, problem: Problem, memory: dict | None = None
                  ) -> tuple[Measured, Ranking]:
   """Runs the registered method of `settings` on `problem`: its measurements and ranking."""
+  measured, ranking, _ = _run_plan(settings, problem, memory)
+  return measured, ranking
+
+
+def _run_plan(settings: LocalizeSettings, problem: Problem, memory: dict | None
+              ) -> tuple[Measured, Ranking, methods.Plan]:
   plan = methods.get(settings.method).plan(settings, context(problem, memory))
   measured = measure_plan(plan, problem, settings.metric or problem.headline_metric)
-  return measured, plan.rank(measured)
+  return measured, plan.rank(measured), plan
 
 
 def run_variant(variant: Variant, problem: Problem, base: LocalizeSettings, budget: int, seed: int
@@ -177,14 +196,65 @@ def run_variant(variant: Variant, problem: Problem, base: LocalizeSettings, budg
   except UserError:
     return None
   try:
-    measured, ranking = run_settings(settings, problem, memory)
+    measured, ranking, plan = _run_plan(settings, problem, memory)
   except UserError as e:  # e.g. every mask of a small design at the accuracy floor: nothing to rank
     log.warning("%s at %d evaluations, seed %d: %s", variant.name, budget, seed, e)
     return None
   if len(measured) + cost > budget + 1e-9:
     return None
   info = {k: v for k, v in ranking.facts.items() if np.ndim(v) == 0 and not isinstance(v, dict)}
-  return MethodRun(ranking.order, len(measured) + cost, info)
+  return MethodRun(ranking.order, len(measured) + cost, info, settings, plan, measured, ranking)
+
+
+@dataclasses.dataclass
+class Judging:
+  """Where each method's heads are judged as a run would judge them: the target on held-out documents, and every
+  general task on its identification documents (scored under each method's masks, as a run scores them) and on
+  held-out documents."""
+
+  held_out: Problem
+  general: list[tuple[str, Problem, Problem]]  # (task, identification documents, held-out documents)
+
+  @property
+  def names(self) -> list[str]:
+    return [name for name, _, _ in self.general]
+
+
+class ProblemScorer:
+  """`validate.Measures` over problems: each task's metric under keep-masks, from its mask cache (a head checked
+  alone for one method is free for every other)."""
+
+  def __init__(self, names: Sequence[str], problems: Sequence[Problem], metrics: Sequence[str]):
+    self.names, self.problems, self.metrics = list(names), list(problems), list(metrics)
+    self.num_layers, self.units_per_layer = problems[0].num_layers, problems[0].num_heads
+
+  def means(self, keep: np.ndarray) -> list[np.ndarray]:
+    ablated = np.asarray(keep) < 0.5
+    return [np.asarray(p.measure(ablated)[m], np.float64) for p, m in zip(self.problems, self.metrics)]
+
+
+def measured_on(problem: Problem, masks: np.ndarray) -> Measured:
+  """`problem` scored under `masks` (bool [M, L, H]), every metric, its headline metric localized."""
+  masks = np.asarray(masks, bool)
+  metrics = problem.measure(masks) if len(masks) else {m: np.zeros((0,)) for m in problem.metric_names}
+  return Measured(masks, {m: np.asarray(v, np.float64) for m, v in metrics.items()}, problem.baseline,
+                  problem.headline_metric)
+
+
+def runner_selection(run: MethodRun, problem: Problem, judging: Judging) -> confirm.Found:
+  """The heads a run of this method would report (`confirm.find_heads`, the runner's own selection): the general
+  tasks scored under the method's masks on their identification documents and estimated by its plan, universal
+  heads confirmed on the held-out documents, the selection confirmed on the identification documents."""
+  names = [problem.name, *judging.names]
+  general = [measured_on(identification, run.measured.masks) for _, identification, _ in judging.general]
+  estimates = [specificity.estimate(run.plan, m) for m in general]
+  metrics = [run.measured.metric, *(p.headline_metric for _, p, _ in judging.general)]
+  confirming = ProblemScorer(names, [judging.held_out, *(p for _, _, p in judging.general)], metrics)
+  identification = ProblemScorer(names, [problem, *(p for _, p, _ in judging.general)], metrics)
+  excluded = np.zeros(problem.num_total, bool)
+  return confirm.find_heads(run.settings, run.ranked, estimates, [run.measured, *general], excluded, confirming,
+                            identification, aliasing.of_measurements(run.measured.masks, excluded))
+
 
 
 @dataclasses.dataclass
@@ -234,11 +304,10 @@ def headline_drop(problem: Problem, masks: np.ndarray) -> np.ndarray:
 
 def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings, budgets: Sequence[float],
           seeds: Sequence[int], k: int, truth: GroundTruth, planted: np.ndarray | None = None,
-          progress: Callable[[str], None] | None = None, held_out: Problem | None = None,
-          general: Sequence[tuple[str, Problem]] = ()) -> list[dict[str, Any]]:
-  """One record per (variant, budget, seed) with recall and the top-k ablation change; with `held_out` (the task
-  on documents no method saw) and `general` ((task name, problem on its held-out documents) pairs), also the
-  relative drop each method's top-k cause there, in each problem's headline metric."""
+          progress: Callable[[str], None] | None = None, judging: Judging | None = None) -> list[dict[str, Any]]:
+  """One record per (variant, budget, seed) with recall and the top-k ablation change; with `judging`, also the
+  heads the runner would select (`runner_selection`) and the relative drop that its top-k and the raw top-k cause
+  on the held-out documents of the task and of each general task, in each problem's headline metric."""
   runs = []
   for variant in variants:
     # Largest budget first: the nested designs of smaller budgets are then served from the cache.
@@ -248,16 +317,19 @@ def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings,
         start = time.perf_counter()
         result = run_variant(variant, problem, base, num_masks, seed)
         if result is not None:
-          runs.append((variant, fraction, num_masks, seed, result, time.perf_counter() - start))
+          found = runner_selection(result, problem, judging) if judging else None
+          runs.append((variant, fraction, num_masks, seed, result, found, time.perf_counter() - start))
     if progress:
       progress(variant.name)
   # Every top-k set in one measure call: full engine batches, and coinciding sets cost one evaluation.
-  joint = np.concatenate([problem.joint_mask(r[4].ranking[:k]) for r in runs]) if runs else None
-  drops = problem.measure(joint) if runs else {}
-  held = headline_drop(held_out, joint) if runs and held_out else None
-  others = {name: headline_drop(p, joint) for name, p in general} if runs else {}
+  raw = [problem.joint_mask(r[4].ranking[:k]) for r in runs]
+  selected = [problem.joint_mask(r[5].selected[:k]) for r in runs] if judging else []
+  joint = np.concatenate(raw + selected) if runs else np.zeros((0, problem.num_layers, problem.num_heads), bool)
+  drops = problem.measure(joint[:len(raw)]) if runs else {}
+  held = headline_drop(judging.held_out, joint) if runs and judging else None
+  others = {name: headline_drop(p, joint) for name, _, p in judging.general} if runs and judging else {}
   records = []
-  for i, (variant, fraction, num_masks, seed, result, seconds) in enumerate(runs):
+  for i, (variant, fraction, num_masks, seed, result, found, seconds) in enumerate(runs):
     record = {
         "method": variant.name, "budget_fraction": fraction, "budget_masks": num_masks, "seed": seed,
         "evaluations": float(result.evaluations), "top_k": names(problem, result.ranking[:k]),
@@ -268,13 +340,26 @@ def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings,
     if planted is not None:
       record["recall_planted"] = recall(result.ranking, planted, k)
     if held is not None:
-      record["held_out_relative_drop"] = float(held[i])
-    if others:
-      record["general_relative_drop"] = {name: float(d[i]) for name, d in others.items()}
-      finite = [d for d in record["general_relative_drop"].values() if np.isfinite(d)]
-      record["max_general_relative_drop"] = max(finite) if finite else float("nan")
+      record.update(_held_out_drops(held[i], {name: d[i] for name, d in others.items()}))
+    if found is not None:
+      j = len(raw) + i  # every run has a selection when judged
+      record.update(selected_top_k=names(problem, found.selected[:k]), universal=names(problem, found.universal),
+                    confirmation_masks=found.confirmation_masks,
+                    evaluations_with_confirmation=float(result.evaluations) + found.confirmation_masks)
+      record.update({f"selected_{key}": value for key, value in
+                     _held_out_drops(held[j], {name: d[j] for name, d in others.items()}).items()})
     records.append(record)
   return records
+
+
+def _held_out_drops(task: float, general: dict[str, float]) -> dict[str, Any]:
+  """A top-k's held-out relative drop on the task, on each general task, and the largest of those."""
+  out: dict[str, Any] = {"held_out_relative_drop": float(task)}
+  if general:
+    out["general_relative_drop"] = {name: float(d) for name, d in general.items()}
+    finite = [d for d in out["general_relative_drop"].values() if np.isfinite(d)]
+    out["max_general_relative_drop"] = max(finite) if finite else float("nan")
+  return out
 
 
 def summarize(records: Sequence[dict[str, Any]], metric: str, k: int) -> list[dict[str, Any]]:
@@ -296,9 +381,15 @@ def summarize(records: Sequence[dict[str, Any]], metric: str, k: int) -> list[di
       row[f"recall_mean_{m}"] = float(np.mean([r["recall"][m] for r in group]))
     if "recall_planted" in group[0]:
       row["recall_planted_mean"] = float(np.mean([r["recall_planted"] for r in group]))
-    for key in ("held_out_relative_drop", "max_general_relative_drop"):
+    for key in ("held_out_relative_drop", "max_general_relative_drop", "selected_held_out_relative_drop",
+                "selected_max_general_relative_drop", "confirmation_masks", "evaluations_with_confirmation"):
       if key in group[0]:
         row[f"{key}_mean"] = float(np.mean([r[key] for r in group]))
+    if "selected_general_relative_drop" in group[0]:
+      # Which general task the selection costs most, in how many seeds.
+      worst = [max(r["selected_general_relative_drop"].items(), key=lambda item: -math.inf if math.isnan(item[1])
+                   else item[1])[0] for r in group]
+      row["selected_worst_general_task"] = {name: worst.count(name) for name in dict.fromkeys(worst)}
     rows.append(row)
   return sorted(rows, key=lambda r: r["budget_fraction"])
 
@@ -399,15 +490,18 @@ def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_na
   evaluator = Evaluator(engine, task_name, task, docs)
   common = dict(output_dir=cfg.output_dir, num_samples=cfg.num_samples, sample_seed=cfg.sample_seed)
   problem, cache = real_problem(evaluator, cfg.model, part="all", headline_metric=cfg.headline_metric, **common)
-  held_out, general, trained_on = None, [], [evaluator]
+  judging, trained_on = None, [evaluator]
   if cfg.validation_samples:
     held_out, _ = real_problem(Evaluator(engine, task_name, task, held_docs), cfg.model, part="held_out",
                                headline_metric=cfg.headline_metric, **common)
+    judging = Judging(held_out, [])
     for name in dict.fromkeys(g for g in cfg.general_tasks if g != task_name):
       g_task, g_docs, g_held = load_task_split(name, **split)
-      g_problem, _ = real_problem(Evaluator(engine, name, g_task, g_held), cfg.model, part="held_out",
-                                  headline_metric=g_task.default_metric, **common)
-      general.append((name, g_problem))
+      # Identification documents as the target's are (a task benchmarked as a target shares its cache).
+      parts = [real_problem(Evaluator(engine, name, g_task, d), cfg.model, part=part,
+                            headline_metric=g_task.default_metric, **common)[0]
+               for d, part in ((g_docs, "all"), (g_held, "held_out"))]
+      judging.general.append((name, *parts))
       if g_task.output_type == "loglikelihood":
         trained_on.append(Evaluator(engine, name, g_task, g_docs))
   if problem.objective is not None:
@@ -436,11 +530,12 @@ def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_na
     iterative["recall_of_one_shot"] = recall(truth.top_k(cfg.headline_metric, k), iterative["top_k"], k)
   records = sweep(problem, variants, base, cfg.budgets, cfg.seeds, k, truth,
                   progress=lambda name: log.info("%s: %s done (%s)", task_name, name, cache.counts()),
-                  held_out=held_out, general=general)
-  if held_out is not None:
-    report["held_out"] = {"num_docs": len(held_docs), "baseline": held_out.baseline,
+                  judging=judging)
+  if judging is not None:
+    report["held_out"] = {"num_docs": len(held_docs), "baseline": judging.held_out.baseline,
                           "general": {name: {"metric": p.headline_metric, "baseline": p.baseline[p.headline_metric],
-                                             "num_docs": len(p.evaluator.docs)} for name, p in general}}
+                                             "num_docs": len(p.evaluator.docs)} for name, _, p in judging.general},
+                          "selection": specificity.selection_rule(base.selection, base.specific_max_general_drop)}
   report["records"] = records
   report["summary"] = summarize(records, cfg.headline_metric, k)
   trained = {key: m for key, m in problem.memory.items() if "training_seconds" in m}

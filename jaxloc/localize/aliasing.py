@@ -127,3 +127,11 @@ def diagnose(ablated: np.ndarray, excluded: np.ndarray | None = None) -> DesignD
   return DesignDiagnostics(num_masks, len(active), int(counts.min()) if len(counts) else 0,
                            float(np.median(counts)) if len(counts) else 0.0, int(counts.max()) if len(counts) else 0,
                            never, identical, collinear, coherence, singular, rank)
+
+
+def of_measurements(masks: np.ndarray, excluded: np.ndarray) -> DesignDiagnostics | None:
+  """The diagnostics of a run's random design: the measured masks (bool [M, L, U]) that ablate two or more units (a
+  method's single-unit measurements are no design); None when there are none."""
+  masks = np.asarray(masks, bool)
+  rows = masks.reshape(len(masks), -1).sum(axis=1) > 1
+  return diagnose(masks[rows], excluded) if rows.any() else None

@@ -1,18 +1,29 @@
-"""Specific heads confirmed by measurement: the estimates only propose candidates.
+"""What a run concludes from its measurements: the universal heads and the selection, specific heads confirmed by
+measurement (the estimates only propose candidates). The runner (`run.py`) and the efficiency benchmark
+(`bench/sweep.py`) both call `find_heads`, so a benchmark judges each method by the heads a run would report.
 
-`--selection=specific` keeps the target's best-ranked heads whose ablation leaves every general task intact. An
-estimate of a head's general-task effect (a Lasso coefficient from a few dozen masks) cannot carry that claim, so
-before a head is called specific it is ablated alone on the identification documents of the target and of every
-general task, and kept only when no general task drops by more than `--specific_max_general_drop` (relative).
-Candidates are taken in the target's ranking order and confirmed in small batches until enough pass; a head the
-method already measured alone (one-shot greedy, the confirmation methods) costs nothing more.
+Axes: N heads flattened (flat = layer * H + head); `tasks` = the target first, then the general tasks. Below,
+"heads" stands for the run's units (neurons too).
+
+Universal heads (`specificity`): flagged by the estimates, confirmed by single-head ablation on `confirming`
+documents (held out when validating).
+
+Confirmed selection (`--selection=specific` with general tasks): an estimate of a head's general-task effect (a
+Lasso coefficient from a few dozen masks) cannot carry the claim that the head is specific, so before a head is
+called specific it is ablated alone on the identification documents of the target and of every general task, and
+kept only when no general task drops by more than `--specific_max_general_drop` (relative). Candidates are taken in
+the target's ranking order (universal and excluded heads left out) and confirmed in small batches until enough
+pass: max(--curve_k, --top_k) heads, so that the whole specificity curve is measured (a neuron selection of
+hundreds is confirmed at its head, its first --curve_k, and continues with the estimated selection). A head the
+method already measured alone on those documents (one-shot greedy, the confirmation methods) costs nothing more.
 
 Aliased heads (identical columns of a random design, `aliasing`) share one Lasso coefficient, so the ranking
 cannot say which of them matters: when a candidate has twins, every member of its group is measured alone and
 the members take the group's place in the order of their measured target drop; a member whose ablation alone
 does not lower the target at all is left out (the group's effect was not its own).
 
-Confirmations are saved in `confirmation.npz` (resumed runs reuse them) and counted in `num_evaluations`.
+Confirmations are saved in `confirmation.npz` (resumed runs reuse them) and counted in `num_evaluations`. The
+bootstrap's re-selections stay estimated (`specificity.select`: no model evaluation per resample).
 """
 
 from __future__ import annotations
@@ -24,7 +35,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxloc import files
-from jaxloc.localize import validate
+from jaxloc.localize import aliasing, specificity, validate
+from jaxloc.localize.methods.base import Measured, Ranking
 
 FILE = "confirmation.npz"
 
@@ -39,12 +51,15 @@ class Confirmation:
   reused: list[int]  # heads the method had already measured alone
   rejected: list[int]  # candidates whose measured general drop was too large
   regrouped: list[list[int]]  # aliased groups resolved by measurement (members in measured order)
+  confirmed: int = 0  # heads of the selection confirmed (the rest, for neurons, continue the estimated selection)
+  estimated: int = 0
 
   def facts(self, name: Callable[[int], str], tasks: Sequence[str], max_general_drop: float) -> dict[str, Any]:
     return {
         "rule": (f"each selected unit ablated alone on the identification documents: every general task drops by "
                  f"≤ {100 * max_general_drop:.0f}% (relative)"),
         "masks": len(self.measured), "reused_measurements": len(self.reused),
+        "confirmed": self.confirmed, "estimated": self.estimated,
         "rejected": {name(h): {t: float(d) for t, d in zip(tasks, self.drops[h])} for h in self.rejected},
         "aliased_groups_measured": [[name(h) for h in group] for group in self.regrouped],
     }
@@ -62,7 +77,7 @@ def measured_alone(masks: np.ndarray, metrics: Sequence[np.ndarray], baselines: 
 
 
 def confirm(order: Sequence[int], count: int, passes: Callable[[np.ndarray], bool], known: dict[int, np.ndarray],
-            scorer: validate.Scorer, groups: Callable[[int], list[int]], directory: str | None) -> tuple[
+            scorer: validate.Measures, groups: Callable[[int], list[int]], directory: str | None) -> tuple[
                 list[int], Confirmation]:
   """The first `count` heads of `order` (already without excluded and universal heads) that pass when measured
   alone. `known`: drops already measured alone (reused); `groups(h)`: h's aliased group ([h] when none)."""
@@ -93,8 +108,10 @@ def confirm(order: Sequence[int], count: int, passes: Callable[[np.ndarray], boo
   seen: set[int] = set()
   position = 0
   while len(selected) < count and position < len(order):
-    # One batch: the candidates for the heads still missing (and their twins), plus a few spares.
-    window = [int(h) for h in order[position:position + 2 * (count - len(selected)) + 2]]
+    # One batch: as many candidates as the heads still missing need at the share that passed so far (all, before
+    # the first batch), plus one spare.
+    share = (len(selected) + 1) / (len(selected) + len(rejected) + 1)
+    window = [int(h) for h in order[position:position + int(np.ceil((count - len(selected)) / share)) + 1]]
     measure([m for h in window if h not in seen for m in groups(h) if m not in seen])
     for h in window:
       position += 1
@@ -112,4 +129,73 @@ def confirm(order: Sequence[int], count: int, passes: Callable[[np.ndarray], boo
       if len(selected) == count:
         break
   used = set(selected) | set(rejected) | {m for g in regrouped for m in g}
-  return selected, Confirmation(drops, measured, [h for h in known if h in used], rejected, regrouped)
+  return selected, Confirmation(drops, measured, [h for h in known if h in used], rejected, regrouped,
+                                confirmed=len(selected))
+
+
+@dataclasses.dataclass
+class Found:
+  """What the run concluded from its measurements (flat head indices)."""
+
+  ranking: Ranking  # the target's
+  general_rankings: list[Ranking]
+  effects: specificity.Effects
+  order: list[int]  # the target's ranking without excluded heads
+  candidates: list[int]  # flagged universal by the estimates
+  universal: list[int]  # confirmed
+  selected: list[int]  # max(curve_k, top_k) heads, in order
+  alone: dict[int, np.ndarray]  # head -> relative drop per task ablated alone, on the confirming documents
+  confirmation: Confirmation | None = None  # --selection=specific with general tasks: the selection measured alone
+
+  @property
+  def confirmation_masks(self) -> int:
+    """Masks the confirmation added to the method's (each scored on every task)."""
+    return len(self.confirmation.measured) if self.confirmation else 0
+
+
+def find_heads(settings, ranking: Ranking, general_rankings: Sequence[Ranking], measured: Sequence[Measured],
+               excluded: np.ndarray, confirming: validate.Measures, identification: validate.Measures,
+               design: aliasing.DesignDiagnostics | None, directory: str | None = None) -> Found:
+  """The universal heads and the selection of a run (`settings`: its LocalizeSettings) from the target's `ranking`,
+  each general task's estimates under the same masks (`general_rankings`), the measurements (`measured`, target
+  first, one metric each), `confirming` (where universal candidates are ablated alone: held-out documents when
+  validating) and `identification` (the documents the design was scored on: where the selection is confirmed).
+  `directory`: where confirmations are saved for a resume (None: not saved)."""
+  baselines = [m.baselines[m.metric] for m in measured]
+  effects = specificity.Effects(list(identification.names), np.stack(
+      [specificity.relative_drops(r, b) for r, b in zip([ranking, *general_rankings], baselines)]))
+  order = [int(h) for h in ranking.order if not excluded[h]]
+  candidates = specificity.universal_candidates(effects, order, excluded, settings.universal_threshold,
+                                                settings.universal_min_tasks, settings.universal_candidates)
+  count = max(settings.curve_k, settings.top_k)
+
+  def select(universal: list[int], how_many: int = count) -> list[int]:
+    return specificity.select(order, effects, excluded, universal, settings.selection,
+                              settings.specific_max_general_drop, how_many)
+
+  confirming_selection = settings.selection == "specific" and len(measured) > 1
+  # Without a confirmation, one batch of single-head ablations holds the candidates and the first --curve_k heads
+  # selected if none is universal (the runner checks the selection alone too).
+  first = candidates if confirming_selection else list(dict.fromkeys(candidates + select([])[:settings.curve_k]))
+  alone = dict(zip(first, validate.single_head_drops(first, confirming)))
+  universal = [h for h in candidates
+               if specificity.breaks(alone[h], settings.universal_threshold, settings.universal_min_tasks)]
+  if not confirming_selection:
+    return Found(ranking, list(general_rankings), effects, order, candidates, universal, select(universal), alone)
+
+  known = measured_alone(measured[0].masks, [m.scores for m in measured], baselines)
+  limit = settings.specific_max_general_drop
+
+  def passes(drops: np.ndarray) -> bool:
+    return bool(np.all(np.nan_to_num(drops[1:], nan=0.0) <= limit))
+
+  heads = settings.unit == "heads"
+  skip = set(universal)
+  selected, confirmation = confirm([h for h in order if h not in skip], count if heads else settings.curve_k,
+                                   passes, known, identification, design.group_of if design else lambda h: [h],
+                                   directory)
+  if not heads:  # the rest of a neuron selection comes from the estimates
+    judged = set(selected) | set(confirmation.rejected)
+    rest = [h for h in select(universal, len(order)) if h not in judged][:count - len(selected)]
+    selected, confirmation.estimated = selected + rest, len(rest)
+  return Found(ranking, list(general_rankings), effects, order, candidates, universal, selected, alone, confirmation)

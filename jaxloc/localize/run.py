@@ -270,21 +270,6 @@ def _recover(target: Measuring, general: list[Measuring]) -> None:
                 ", ".join(dropped), target.store.path)
 
 
-@dataclasses.dataclass
-class Found:
-  """What the run concluded from its measurements (flat head indices)."""
-
-  ranking: methods.Ranking  # the target's
-  general_rankings: list[methods.Ranking]
-  effects: specificity.Effects
-  order: list[int]  # the target's ranking without excluded heads
-  candidates: list[int]  # flagged universal by the estimates
-  universal: list[int]  # confirmed
-  selected: list[int]  # max(curve_k, top_k) heads, in order
-  alone: dict[int, np.ndarray]  # head -> relative drop per task ablated alone, on the confirming documents
-  confirmation: confirm.Confirmation | None = None  # --selection=specific: the selection measured alone
-
-
 def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, progress: bool = True
              ) -> dict[str, Any]:
   """Runs (or resumes) a localization and writes its outputs; returns the heads.json (neurons.json) payload. The run
@@ -343,7 +328,7 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
     if "seconds_per_mask" in timing:
       timing["training_mask_evaluations"] = objective.seconds / timing["seconds_per_mask"]
 
-  design = _design(measuring[0].store.masks, excluded)
+  design = aliasing.of_measurements(measuring[0].store.masks, excluded)
   if design is not None and design.warning():
     log.warning("%s", design.warning())
 
@@ -385,13 +370,6 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
   return payload
 
 
-def _design(masks: np.ndarray, excluded: np.ndarray) -> aliasing.DesignDiagnostics | None:
-  """The diagnostics of the run's random design: the measured masks that ablate two or more units (a method's
-  single-unit measurements are no design); None when there are none."""
-  rows = masks.reshape(len(masks), int(np.prod(masks.shape[1:]))).sum(axis=1) > 1
-  return aliasing.diagnose(masks[rows], excluded) if rows.any() else None
-
-
 def _open_stores(settings: LocalizeSettings, tasks: Tasks, identification: list[Evaluator], shape,
                  scoring: dict[str, Any]) -> list[Measuring]:
   """Every task's store (`store_specs`), baselines measured: every store is opened (and its settings checked)
@@ -407,60 +385,26 @@ def _open_stores(settings: LocalizeSettings, tasks: Tasks, identification: list[
 
 def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring: list[Measuring],
                 excluded: np.ndarray, confirming: validate.Scorer, identification: validate.Scorer,
-                design: aliasing.DesignDiagnostics | None) -> Found:
-  """Estimated effects per task, universal heads (flagged, then confirmed alone) and the selection (with general
-  tasks and --selection=specific, confirmed by single-head measurements: `confirm`)."""
-  effects = specificity.Effects(
-      [m.evaluator.name for m in measuring],
-      np.stack([specificity.relative_drops(r, m.store.baseline)
-                for r, m in zip([ranking, *general_rankings], measuring)]))
-  order = [int(h) for h in ranking.order if not excluded[h]]
-  candidates = specificity.universal_candidates(effects, order, excluded, settings.universal_threshold,
-                                                settings.universal_min_tasks, settings.universal_candidates)
-  count = max(settings.curve_k, settings.top_k)
-
-  def select(universal):
-    return specificity.select(order, effects, excluded, universal, settings.selection,
-                              settings.specific_max_general_drop, count)
-
-  # One batch of single-head ablations for the candidates and the first --curve_k heads selected if none is
-  # universal, then any of the first --curve_k the final selection adds (a neuron selection of hundreds is
-  # checked alone only at its head).
-  first = list(dict.fromkeys(candidates + select([])[:settings.curve_k]))
-  alone = dict(zip(first, validate.single_head_drops(first, confirming)))
-  universal = [h for h in candidates
-               if specificity.breaks(alone[h], settings.universal_threshold, settings.universal_min_tasks)]
-  selected = select(universal)
-  confirmation = None
-  if settings.selection == "specific" and len(measuring) > 1:
-    selected, confirmation = _confirm(settings, order, universal, measuring, identification, design, selected)
-  missing = [h for h in selected[:settings.curve_k] if h not in alone]
-  alone.update(zip(missing, validate.single_head_drops(missing, confirming)))
-  if len(selected) < settings.top_k:
+                design: aliasing.DesignDiagnostics | None) -> confirm.Found:
+  """Universal heads and the selection (`confirm.find_heads`: with general tasks and --selection=specific, confirmed
+  by single-head measurements on the identification documents), then the first --curve_k selected heads ablated
+  alone on the confirming documents (a neuron selection of hundreds is checked alone only at its head)."""
+  found = confirm.find_heads(settings, ranking, general_rankings, [m.store for m in measuring], excluded, confirming,
+                             identification, design, settings.output_dir)
+  missing = [h for h in found.selected[:settings.curve_k] if h not in found.alone]
+  found.alone.update(zip(missing, validate.single_head_drops(missing, confirming)))
+  if len(found.selected) < settings.top_k:
     log.warning("only %d %s qualify under --selection=%s (try --selection=raw or a larger "
-                "--specific_max_general_drop)", len(selected), settings.unit, settings.selection)
-  return Found(ranking, general_rankings, effects, order, candidates, universal, selected, alone, confirmation)
+                "--specific_max_general_drop)", len(found.selected), settings.unit, settings.selection)
+  if found.confirmation is not None:
+    log.info("confirmation: %d %s ablated alone on every task's identification documents (%d measurements of the "
+             "method reused), %d rejected", found.confirmation_masks, settings.unit,
+             len(found.confirmation.reused), len(found.confirmation.rejected))
+  return found
 
 
-def _confirm(settings: LocalizeSettings, order: list[int], universal: list[int], measuring: list[Measuring],
-             identification: validate.Scorer, design: aliasing.DesignDiagnostics | None, estimated: list[int]
-             ) -> tuple[list[int], confirm.Confirmation]:
-  """The specific selection confirmed by measurement (`confirm`). A heads selection is confirmed whole; a neuron
-  selection of hundreds is confirmed at its head (--curve_k) and continues with the estimated selection."""
-  stores = [m.store for m in measuring]
-  known = confirm.measured_alone(stores[0].masks, [s.scores for s in stores], [s.baseline for s in stores])
-  count = max(settings.curve_k, settings.top_k) if settings.unit == "heads" else settings.curve_k
-  limit = settings.specific_max_general_drop
-  passes = lambda drops: bool(np.all(np.nan_to_num(drops[1:], nan=0.0) <= limit))  # noqa: E731
-  selected, confirmation = confirm.confirm([h for h in order if h not in set(universal)], count, passes, known,
-                                           identification, design.group_of if design else lambda h: [h],
-                                           settings.output_dir)
-  rest = [h for h in estimated if h not in set(selected) | set(confirmation.rejected)]
-  return (selected + rest)[:max(settings.curve_k, settings.top_k)], confirmation
-
-
-def _validate(settings: LocalizeSettings, found: Found, held_out: validate.Scorer, identification: validate.Scorer
-              ) -> None:
+def _validate(settings: LocalizeSettings, found: confirm.Found, held_out: validate.Scorer,
+              identification: validate.Scorer) -> None:
   """ablation.json: the selected heads ablated together on held-out documents (and in-sample, labelled), the
   specificity curves of the selection and of the raw ranking, the held-out single-head drops."""
   unit, name = held_out.unit, held_out.name
@@ -485,7 +429,7 @@ def _validate(settings: LocalizeSettings, found: Found, held_out: validate.Score
   files.write_json(os.path.join(settings.output_dir, "ablation.json"), ablation)
 
 
-def _confidence(settings: LocalizeSettings, method, context: methods.Context, found: Found,
+def _confidence(settings: LocalizeSettings, method, context: methods.Context, found: confirm.Found,
                 measuring: list[Measuring], excluded: np.ndarray, progress: bool) -> confidence.Confidence | None:
   """The bootstrap: every task re-estimated on resampled measurements, the run's selection re-run (its
   universal heads kept)."""
@@ -501,7 +445,7 @@ def _confidence(settings: LocalizeSettings, method, context: methods.Context, fo
                               settings.seed, progress)
 
 
-def _heads_json(settings: LocalizeSettings, per_layer: int, found: Found, excluded: np.ndarray,
+def _heads_json(settings: LocalizeSettings, per_layer: int, found: confirm.Found, excluded: np.ndarray,
                 conf: confidence.Confidence | None, measuring: list[Measuring], confirming: validate.Scorer
                 ) -> dict[str, Any]:
   unit = settings.unit
@@ -527,7 +471,7 @@ def _heads_json(settings: LocalizeSettings, per_layer: int, found: Found, exclud
   return {
       "model": settings.model, "task": settings.task, "method": settings.method, "metric": target.metric,
       "unit": unit, f"num_{unit}": per_layer,
-      "num_evaluations": len(target) + (len(found.confirmation.measured) if found.confirmation else 0),
+      "num_evaluations": len(target) + found.confirmation_masks,
       "baseline": target.baseline,
       "num_docs": len(measuring[0].evaluator.docs), unit: units,
       "confirmation": None if found.confirmation is None else found.confirmation.facts(

@@ -204,10 +204,11 @@ class LocalizeSettings:
   general_samples: int = setting(100, "Identification documents per general task.", lower=1)
   validation_samples: int = setting(100, "Held-out documents per task (target and general) for validation, "
                                     "disjoint from the identification documents.", lower=1)
-  selection: str = setting("specific", "specific: the top-k among heads whose estimated relative drop on every "
-                           "general task is at most --specific_max_general_drop; raw: the target ranking as is. "
+  selection: str = setting("specific", "specific: the target's best heads whose relative drop on every general task "
+                           "is at most --specific_max_general_drop, each confirmed by ablating it alone on every "
+                           "task's identification documents (extra masks, counted); raw: the target ranking as is. "
                            "Universal heads are left out of both.", choices=("specific", "raw"))
-  specific_max_general_drop: float = setting(0.1, "--selection=specific: the largest estimated relative drop on "
+  specific_max_general_drop: float = setting(0.1, "--selection=specific: the largest relative drop on "
                                              "any general task a selected head may have.", lower=0.0, upper=1.0)
   universal_threshold: float = setting(0.3, "A head is universal when ablating it alone drops at least "
                                        "--universal_min_tasks tasks (target included) by at least this (relative), "

@@ -18,8 +18,10 @@ Universal heads (the paper filters them; the rule is stated in heads.json and th
 Selection (`--selection`), always without excluded and universal heads, in the target's ranking order:
   raw:      every head;
   specific: heads with an estimate on every general task whose largest estimated general drop is at most
-            `max_general_drop`. The runner then confirms these by measurement (`confirm`): the estimates only
-            propose candidates, and the bootstrap's re-selections use them.
+            `max_general_drop` (`select`). With general tasks a run's selection is measured instead
+            (`confirm`: the target's ranking, each candidate ablated alone on every task); this estimated rule is
+            what the bootstrap re-selects with (no model evaluation per resample), and it continues a neuron
+            selection past its confirmed head.
 """
 
 from __future__ import annotations

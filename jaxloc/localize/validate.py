@@ -13,7 +13,7 @@ Every relative drop of an ablation curve comes with a 95% interval from a paired
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -52,6 +52,18 @@ def _cumulative_masks(order: Sequence[int], points: Sequence[int], num_layers: i
   return masks.reshape(len(points), num_layers, per_layer)
 
 
+class Measures(Protocol):
+  """What single-unit checks need of a document split: each task's mean metric under keep-masks. A run's `Scorer`;
+  the efficiency benchmark's cached problems (`bench.sweep.ProblemScorer`)."""
+
+  names: list[str]  # the tasks, the target first
+  num_layers: int
+  units_per_layer: int
+
+  def means(self, keep: np.ndarray) -> list[np.ndarray]:
+    """Per task, float [masks]: its metric under each keep-mask [masks, L, U], averaged over the documents."""
+
+
 class Scorer:
   """The tasks of a validation on one document split, each scored in its metric, every distinct keep-mask
   evaluated once: the unablated model, a head that is both checked alone and first in a curve, and the prefix
@@ -63,6 +75,10 @@ class Scorer:
     first = self.eval_sets[0]
     self.unit = first.unit
     self.num_layers, self.units_per_layer = first.engine.model_config.num_layers, first.units_per_layer
+
+  @property
+  def names(self) -> list[str]:
+    return [e.name for e in self.eval_sets]
 
   def name(self, flat: int) -> str:
     return unit_name(*divmod(int(flat), self.units_per_layer), self.unit)
@@ -81,6 +97,10 @@ class Scorer:
         cache.update(zip((keys[i] for i in todo), values))
     return [np.stack([cache[key] for key in keys]) for cache in self._cache]
 
+  def means(self, keep: np.ndarray) -> list[np.ndarray]:
+    """Per eval set, float [masks]: its metric under each keep-mask, averaged over the documents."""
+    return [values.mean(axis=1) for values in self.per_doc(keep)]
+
 
 def drop_interval(per_doc: np.ndarray, seed: int = 0) -> np.ndarray:
   """float [k+1, 2]: 2.5th and 97.5th percentiles of the relative drop of each row against row 0 of
@@ -93,15 +113,14 @@ def drop_interval(per_doc: np.ndarray, seed: int = 0) -> np.ndarray:
   return np.nanpercentile(drops, [2.5, 97.5], axis=1).T
 
 
-def single_head_drops(heads: Sequence[int], scorer: Scorer) -> np.ndarray:
-  """Relative drop [units, eval sets] of each set's metric with one unit (head or neuron) ablated."""
-  drops = np.zeros((len(heads), len(scorer.eval_sets)))
+def single_head_drops(heads: Sequence[int], scorer: Measures) -> np.ndarray:
+  """Relative drop [units, tasks] of each task's metric with one unit (head or neuron) ablated."""
+  drops = np.zeros((len(heads), len(scorer.names)))
   if not len(heads):
     return drops
   keep = np.ones((len(heads) + 1, scorer.num_layers * scorer.units_per_layer), np.float32)
   keep[np.arange(1, len(heads) + 1), np.asarray(heads, np.int64)] = 0
-  for j, values in enumerate(scorer.per_doc(keep.reshape(-1, scorer.num_layers, scorer.units_per_layer))):
-    means = values.mean(axis=1)
+  for j, means in enumerate(scorer.means(keep.reshape(-1, scorer.num_layers, scorer.units_per_layer))):
     drops[:, j] = relative_drop(float(means[0]), means[1:])
   return drops
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -26,6 +27,28 @@ def _drop(value, interval=None) -> str:
 
 # Rows of the top-k table printed (a neuron selection holds hundreds).
 MAX_ROWS = 20
+# Rejected candidates named in the confirmation line.
+MAX_REJECTED = 5
+
+
+def _confirmation(c: dict[str, Any], evaluations: int, unit: str) -> str:
+  """What confirming the selection cost and what it turned down."""
+  line = (f"confirmation: {c['masks']} extra masks of the {evaluations} evaluations ({unit} ablated alone on every "
+          f"task's identification documents; {c['reused_measurements']} of the method's own measurements reused)")
+  if c.get("estimated"):
+    line += f"; {c['confirmed']} selected {unit} confirmed, the next {c['estimated']} estimated"
+  rejected = c.get("rejected") or {}
+  if rejected:
+    named = []
+    for name, drops in list(rejected.items())[:MAX_REJECTED]:
+      task, worst = max(list(drops.items())[1:], key=lambda item: -math.inf if math.isnan(item[1]) else item[1])
+      named.append(f"{name} ({task} {_percent(worst).strip()})")
+    more = f", {len(rejected) - MAX_REJECTED} more" if len(rejected) > MAX_REJECTED else ""
+    line += f"; rejected {len(rejected)}: " + ", ".join(named) + more
+  groups = c.get("aliased_groups_measured") or []
+  if groups:
+    line += "; aliased groups measured: " + ", ".join("/".join(g) for g in groups)
+  return line
 
 
 def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str:
@@ -71,6 +94,9 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
       lines.append(f"warning: {design['warning']}")
   if heads.get("selection"):
     lines.append(f"selection: {heads['selection']}")
+  confirmation = heads.get("confirmation")
+  if confirmation:
+    lines.append(_confirmation(confirmation, heads["num_evaluations"], unit))
   by_name = {h["name"]: h for h in heads[unit]}
   universal = heads.get("universal") or {}
   split = universal.get("confirmed_on", "held_out")

@@ -360,3 +360,33 @@ def test_every_method_is_also_judged_on_held_out_documents_and_general_tasks(tok
   assert greedy["max_general_relative_drop"] == pytest.approx(plurals, nan_ok=True)
   markdown = format_tables({"tasks": [report]}, 2)
   assert "Held out: relative drop of counting" in markdown and "% / " in markdown and "learned_mask training: seed 0" in markdown
+
+
+def test_the_benchmark_judges_the_heads_the_runner_selects(tokenizer, tmp_path):
+  """The benchmark's selection is the runner's (`confirm.find_heads`): same documents, masks and seed give the same
+  confirmed top-k and the same confirmation cost as `localize`, and both are ablated on the held-out documents."""
+  from jaxloc.engine.config import EngineConfig
+  from jaxloc.engine.engine import Engine
+  from jaxloc.localize.run import localize
+  from tests.tiny import make_tiny
+
+  engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))
+  cfg = sweep.EfficiencyConfig(output_dir=str(tmp_path / "bench"), tasks=["counting"], num_samples=6,
+                               validation_samples=4, general_tasks=["plurals"], methods=["cs_stratified-r0.2"],
+                               budgets=[12 / 18], seeds=[0], top_k=3, headline_metric="logprob", noise_floor=False,
+                               gradient=False)
+  bench = sweep.run_task(engine, cfg, cfg.check(), "counting")
+  record, = bench["records"]
+  assert record["confirmation_masks"] > 0 and len(record["selected_top_k"]) == 3
+  assert record["evaluations_with_confirmation"] == record["evaluations"] + record["confirmation_masks"]
+  assert {"selected_held_out_relative_drop", "selected_max_general_relative_drop"} <= set(record)
+  settings = cfg.base_settings("counting").replace(
+      method="cs_stratified", ablation_rate=0.2, num_masks=12, seed=0, output_dir=str(tmp_path / "run"),
+      num_samples=6, validation_samples=4, general_tasks=["plurals"], general_samples=6, bootstrap=0)
+  heads = localize(engine, settings, progress=False)
+  assert heads["top_k"] == record["selected_top_k"] and heads["universal_heads"] == record["universal"]
+  assert heads["confirmation"]["masks"] == record["confirmation_masks"]
+  assert heads["num_evaluations"] == 12 + record["confirmation_masks"]
+  row, = bench["summary"]
+  assert row["confirmation_masks_mean"] == record["confirmation_masks"]
+  assert "the top-3 a run reports" in report.format_tables({"tasks": [bench]}, 3)

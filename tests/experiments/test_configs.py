@@ -62,3 +62,16 @@ def test_flags_and_settings_share_one_default():
     if isinstance(default, dict):
       default = [f"{k}={v}" for k, v in default.items()]
     assert flag == default, name
+
+
+def test_the_default_run_confirms_its_selection_by_measurement():
+  """The default flagfile selects specific heads against general tasks: the runner confirms them alone
+  (`confirm.find_heads`), reading gradient_confirm's own single-head measurements."""
+  FLAGS = flags.FLAGS
+  try:
+    FLAGS(["localize", f"--flagfile={os.path.join(ROOT, 'experiments', 'configs', 'smollm2_default.flags')}"])
+    settings = cli.settings_from_flags(LocalizeSettings)
+    assert settings.selection == "specific" and settings.general_tasks and settings.unit == "heads"
+    assert settings.method == "gradient_confirm" and settings.num_masks >= max(settings.top_k, settings.curve_k)
+  finally:
+    FLAGS.unparse_flags()

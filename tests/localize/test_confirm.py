@@ -1,9 +1,12 @@
 """Confirmed selection: candidates in ranking order are measured alone until enough pass; measurements the method
-already made are reused; aliased groups are resolved by measurement; a resumed run measures nothing again."""
+already made are reused; aliased groups are resolved by measurement; a resumed run measures nothing again; the
+run's selection (`find_heads`) is what measurement confirms, whatever the estimates said."""
 
 import numpy as np
 
-from jaxloc.localize import confirm
+from jaxloc.localize import confirm, specificity
+from jaxloc.localize.methods import Measured, Ranking
+from jaxloc.localize.settings import LocalizeSettings
 
 
 class FakeScorer:
@@ -60,3 +63,87 @@ def test_measured_alone_reads_single_unit_masks():
   assert sorted(found) == [1, 3]
   np.testing.assert_allclose(found[1], [0.5, 0.0])
   np.testing.assert_allclose(found[3], [0.0, 0.5])
+
+
+class TableMeasures:
+  """`validate.Measures` over 1 layer of N heads: every task scores 1.0 unablated and 1 - drops[h][task] with head h
+  ablated alone (masks of several heads are not asked for here). Counts the single-head masks it is asked."""
+
+  def __init__(self, drops, names=("target", "general")):
+    self.drops, self.names = np.asarray(drops, np.float64), list(names)
+    self.num_layers, self.units_per_layer = 1, len(self.drops)
+    self.asked = []
+
+  def means(self, keep):
+    ablated = np.asarray(keep).reshape(len(keep), -1) < 0.5
+    rows = []
+    for row in ablated:
+      heads = np.flatnonzero(row)
+      assert len(heads) <= 1
+      self.asked.extend(heads.tolist())
+      rows.append(1.0 - (self.drops[heads[0]] if len(heads) else np.zeros(len(self.names))))
+    return list(np.array(rows).T)
+
+
+# Measured alone, per head (target, general): head 0 breaks the general task that its estimate says it spares.
+MEASURED = [[0.6, 0.5], [0.5, 0.0], [0.4, 0.05], [0.3, 0.0], [0.2, 0.0], [0.1, 0.0]]
+
+
+def _find(selection="specific", unit="heads", known_heads=(), **overrides):
+  ranking = Ranking(np.arange(6), -np.array([0.6, 0.5, 0.4, 0.3, 0.2, 0.1]))  # the target's order is 0..5
+  general = Ranking(np.arange(6), np.array([0.0, -0.5, 0.0, 0.0, 0.0, 0.0]))  # estimates: head 1 breaks it
+  masks = np.zeros((len(known_heads), 1, 6), bool)
+  masks[np.arange(len(known_heads)), 0, list(known_heads)] = True
+  table = np.asarray(MEASURED)
+  measured = [Measured(masks, {"accuracy": 1.0 - table[list(known_heads), t]}, {"accuracy": 1.0}, "accuracy")
+              for t in range(2)]
+  settings = LocalizeSettings.make(**{"task": "synthetic", "output_dir": "unused", "unit": unit, "top_k": 2,
+                                      "curve_k": 2, "selection": selection, **overrides})
+  scorer = TableMeasures(MEASURED)  # the identification documents (the held-out ones check universal candidates)
+  found = confirm.find_heads(settings, ranking, [general], measured, np.zeros(6, bool), TableMeasures(MEASURED),
+                             scorer, None)
+  return found, scorer
+
+
+def test_the_selection_is_what_measurement_confirms_not_what_the_estimates_say():
+  estimated = specificity.select(list(range(6)), specificity.Effects(["target", "general"], np.array(
+      [[0.6, 0.5, 0.4, 0.3, 0.2, 0.1], [0.0, 0.5, 0.0, 0.0, 0.0, 0.0]])), np.zeros(6, bool), [], "specific", 0.1, 2)
+  assert estimated == [0, 2]  # what the estimates alone would call specific
+  found, scorer = _find()
+  assert found.selected == [1, 2] and found.confirmation.rejected == [0]
+  assert found.confirmation_masks == len(found.confirmation.measured) == len(set(scorer.asked)) >= 3
+  assert found.confirmation.confirmed == 2 and found.confirmation.estimated == 0
+  # Heads the method measured alone cost nothing more.
+  reused, scorer = _find(known_heads=(0, 1))
+  assert reused.selected == [1, 2] and sorted(reused.confirmation.reused) == [0, 1]
+  assert not {0, 1} & set(scorer.asked) and reused.confirmation_masks == found.confirmation_masks - 2
+  # Raw selection and runs without general tasks confirm nothing.
+  raw, _ = _find(selection="raw")
+  assert raw.selected == [0, 1] and raw.confirmation is None and raw.confirmation_masks == 0
+
+
+def test_universal_heads_confirmed_alone_leave_the_selection_before_it_is_confirmed():
+  found, _ = _find(universal_threshold=0.45)  # head 0 breaks both tasks by ≥ 45%, but its estimate says 0
+  assert found.universal == [] and found.candidates == [1]  # head 1 is flagged, and spares the general task alone
+  ranking = Ranking(np.arange(6), -np.array([0.6, 0.5, 0.4, 0.3, 0.2, 0.1]))
+  general = Ranking(np.arange(6), np.array([-0.5, 0.0, 0.0, 0.0, 0.0, 0.0]))  # now they flag head 0
+  measured = [Measured(np.zeros((0, 1, 6), bool), {"accuracy": np.zeros(0)}, {"accuracy": 1.0}, "accuracy")] * 2
+  settings = LocalizeSettings.make(task="synthetic", output_dir="unused", top_k=2, curve_k=2,
+                                   universal_threshold=0.45)
+  scorer = TableMeasures(MEASURED)
+  found = confirm.find_heads(settings, ranking, [general], measured, np.zeros(6, bool), scorer, scorer, None)
+  assert found.universal == [0] and found.selected == [1, 2] and found.confirmation.rejected == []
+
+
+def test_a_neuron_selection_is_confirmed_at_its_head_and_continues_with_the_estimates():
+  found, _ = _find(unit="neurons", top_k=4, curve_k=1)
+  assert found.selected[:1] == [1] and found.confirmation.confirmed == 1  # 0 rejected by measurement
+  assert found.selected == [1, 2, 3, 4] and found.confirmation.estimated == 3
+
+
+def test_a_method_that_measured_its_candidates_alone_is_confirmed_at_no_extra_cost():
+  # The default run's case: gradient_confirm ablated its best heads alone on every task's identification documents,
+  # so the confirmed selection reads those measurements and ablates nothing more.
+  found, scorer = _find(known_heads=tuple(range(6)))
+  assert found.selected == [1, 2] and found.confirmation.rejected == [0]
+  assert found.confirmation_masks == 0 and scorer.asked == [] and sorted(found.confirmation.reused) == [0, 1, 2]

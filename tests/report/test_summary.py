@@ -28,3 +28,15 @@ def test_a_custom_task_is_named_by_its_file_stem():
 
 def test_engine_facts_are_shown():
   assert "0.200s per mask (all tasks), 4 compiled shapes" in summary_table(_heads("plurals"), None)
+
+
+def test_the_confirmation_says_what_it_cost_and_what_it_turned_down():
+  heads = _heads("plurals")
+  heads["confirmation"] = {"masks": 7, "reused_measurements": 3, "confirmed": 10, "estimated": 0,
+                           "rejected": {"L0H4": {"plurals": 0.3, "counting": 0.02, "induction": 0.41}},
+                           "aliased_groups_measured": [["L1H5", "L27H4"]]}
+  line = next(x for x in summary_table(heads, None).splitlines() if x.startswith("confirmation:"))
+  assert line.startswith("confirmation: 7 extra masks of the 10 evaluations (heads ablated alone on every task's "
+                         "identification documents; 3 of the method's own measurements reused)")
+  assert "rejected 1: L0H4 (induction 41%)" in line and "aliased groups measured: L1H5/L27H4" in line
+  assert "confirmation:" not in summary_table(_heads("plurals"), None)
