@@ -201,7 +201,8 @@ def hf_tensors(config: ModelConfig, params: Mapping[str, Any]) -> dict[str, np.n
   """The inverse of `convert_hf_tensors`: HF tensor name -> host array, in the parameters' dtype. Tied embeddings
   write no `lm_head.weight` (transformers ties it to the embedding on load)."""
   flat = {path: np.asarray(jax.device_get(value)) for path, value in flatten(params).items()}
-  tensors = {"model.embed_tokens.weight": flat.pop("embed/embedding"), "model.norm.weight": flat.pop("final_norm/scale")}
+  tensors = {"model.embed_tokens.weight": flat.pop("embed/embedding"),
+             "model.norm.weight": flat.pop("final_norm/scale")}
   if not config.tie_word_embeddings:
     tensors["lm_head.weight"] = np.ascontiguousarray(flat.pop("lm_head").T)
   for leaf, spec in _layer_leaves(config).items():
