@@ -102,26 +102,27 @@ def _check_output(config: ExportConfig) -> None:
     raise UserError(f"--output={config.output} is not empty; give a new directory or --overwrite")
 
 
-def _mean_fill(model, edit: Edit):
-  """Each unit's mean output over the run's identification documents, as the run's own mean ablation took it."""
-  from jaxloc.engine.engine import Engine
-  from jaxloc.tasks.evaluation import load_task, mean_ablation_values
+def _run_documents(edit: Edit):
+  """(task, documents) the run's own mean ablation averaged over: its target task's identification documents (loaded
+  before the model, so a missing dataset is reported first)."""
+  from jaxloc.tasks.evaluation import load_task
 
   flags = edit.run.info.get("flags", {})
-  task, docs = load_task(flags.get("task", edit.run.info["task"]), flags.get("task_options") or {},
-                         num_samples=flags.get("num_samples"), seed=flags.get("seed", 0),
-                         data_dir=flags.get("data_dir"))
-  return mean_ablation_values(Engine(model), task, docs, unit=edit.unit)
+  return load_task(flags.get("task", edit.run.info["task"]), flags.get("task_options") or {},
+                   num_samples=flags.get("num_samples"), seed=flags.get("seed", 0), data_dir=flags.get("data_dir"))
 
 
 def main(config: ExportConfig) -> str:
   import jax.numpy as jnp
 
+  from jaxloc.engine.engine import Engine
   from jaxloc.models.export import check_bias_holds, fold_ablation, write_hf_checkpoint
   from jaxloc.models.loading import load_model
+  from jaxloc.tasks.evaluation import mean_ablation_values
 
   edit = _edit(config)
   _check_output(config)
+  documents = _run_documents(edit) if edit.ablation == "mean" else None
   model = load_model(edit.model, dtype=getattr(jnp, config.dtype))
   c = model.config
   units = parse_units(edit.names, c.num_layers, units_per_layer(c, edit.unit), edit.unit)
@@ -132,7 +133,7 @@ def main(config: ExportConfig) -> str:
   if edit.ablation == "mean":
     check_bias_holds(c, edit.unit)
     print(f"mean ablation: measuring each {singular(edit.unit)}'s mean output over the run's documents")
-    fill = _mean_fill(model, edit)
+    fill = mean_ablation_values(Engine(model), *documents, unit=edit.unit)
   if edit.unit == "heads":
     edited, params = fold_ablation(c, model.params, heads=units, head_fill=fill)
   else:
