@@ -28,19 +28,20 @@ from jaxloc.errors import UserError
 from jaxloc.models import checkpoints
 from jaxloc.models.config import ModelConfig, config_to_hf
 
-# The families whose transformers config can give `o_proj` (`down_proj`) a bias, and the option that does it.
-O_BIAS_FAMILIES = ("llama", "qwen3", "gemma2", "gemma3_text", "olmo2")
-DOWN_BIAS_FAMILIES = ("llama",)
-
 
 def check_bias_holds(config: ModelConfig, unit: str) -> None:
-  """Mean ablation of `unit` needs a bias on the projection the unit feeds; refuses a family that has none."""
-  families, option = (O_BIAS_FAMILIES, "o_proj bias (attention_bias)") if unit == "heads" else (
-      DOWN_BIAS_FAMILIES, "down_proj bias (mlp_bias)")
-  if config.model_type not in families:
-    raise UserError(f"mean ablation of {unit} folds each unit's mean output into a {option}, which transformers' "
-                    f"{config.model_type} cannot hold; families that can: {', '.join(families)} (or export with "
-                    "--ablation=zero)")
+  """Mean ablation of `unit` needs a bias on the projection the unit feeds (o_proj for heads, down_proj for neurons);
+  refuses a family whose transformers config cannot give it one (`config_to_hf` decides)."""
+  if unit == "heads":
+    biased, option = dataclasses.replace(config, qkv_bias=True, o_bias=True), "an o_proj bias (attention_bias)"
+  else:
+    biased, option = dataclasses.replace(config, mlp_bias=True), "a down_proj bias (mlp_bias)"
+  try:
+    config_to_hf(biased)
+  except UserError:
+    raise UserError(f"mean ablation of {unit} folds each one's mean output into {option}, which transformers' "
+                    f"{config.model_type} config cannot hold; export with --ablation=zero, or use a family that can "
+                    "(Llama for both; Qwen3, Gemma 2/3, OLMo-2 for heads)") from None
 
 
 def fold_ablation(config: ModelConfig, params, heads: Sequence[tuple[int, int]] = (),
