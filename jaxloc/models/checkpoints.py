@@ -5,7 +5,9 @@ into the stacked [layers, ...] leaf in the target dtype, so host memory peaks ne
 checkpoint (plus one leaf while it is placed on devices). GGUF tensors are dequantized with the
 `gguf` package and llama.cpp's conventions are undone: the rotary permutation of Llama q/k rows, and the 1 it
 adds to every Gemma norm weight. Tensor names differ by family (Llama's `post_attention_layernorm` is the norm before
-the MLP, Gemma's and OLMo-2's the norm on the attention output): `_layer_leaves` maps each to the decoder's leaves.
+the MLP, Gemma's and OLMo-2's the norm on the attention output): `_layer_leaves` maps each to the decoder's leaves,
+and holds each leaf's conversion back, so `hf_tensors` and `write_safetensors` write a parameter pytree as an HF
+checkpoint again (`export.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import mmap
 import os
 import struct
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import jax
 import ml_dtypes
@@ -87,48 +89,70 @@ def open_safetensors_dir(directory: str) -> dict[str, SafetensorsFile]:
   return {name: file for name in file.keys()}
 
 
-def _layer_leaves(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], str, Callable[[np.ndarray], np.ndarray]]]:
-  """Our stacked leaf -> (per-layer shape, HF tensor suffix, HF tensor -> our per-layer array)."""
+class Leaf(NamedTuple):
+  """One stacked decoder leaf: its per-layer shape, the HF tensor suffix it comes from, and the two directions."""
+
+  shape: tuple[int, ...]
+  suffix: str
+  from_hf: Callable[[np.ndarray], np.ndarray]  # HF tensor -> our per-layer array
+  to_hf: Callable[[np.ndarray], np.ndarray]  # our per-layer array -> HF tensor
+
+
+def _same(w: np.ndarray) -> np.ndarray:
+  return w
+
+
+def _layer_leaves(config: ModelConfig) -> dict[str, Leaf]:
+  """Our stacked leaf -> its `Leaf` (per-layer shape, HF tensor suffix, conversions both ways)."""
   c = config
   d, k, g, hd, f = c.hidden_size, c.num_kv_heads, c.queries_per_kv, c.head_dim, c.intermediate_size
+
+  def flat(w: np.ndarray) -> np.ndarray:
+    return w.reshape(-1)
+
+  def out_rows(w: np.ndarray) -> np.ndarray:
+    # our [D, heads..., Dh] kernels are HF's [out, D] Linear weights transposed, their output axis split per head
+    return w.reshape(d, -1).T
+
   leaves = {
-      "attn/q_kernel": ((d, k, g, hd), "self_attn.q_proj.weight", lambda w: w.T.reshape(d, k, g, hd)),
-      "attn/k_kernel": ((d, k, hd), "self_attn.k_proj.weight", lambda w: w.T.reshape(d, k, hd)),
-      "attn/v_kernel": ((d, k, hd), "self_attn.v_proj.weight", lambda w: w.T.reshape(d, k, hd)),
-      "attn/o_kernel": ((k, g, hd, d), "self_attn.o_proj.weight", lambda w: w.T.reshape(k, g, hd, d)),
-      "mlp/gate_kernel": ((d, f), "mlp.gate_proj.weight", lambda w: w.T),
-      "mlp/up_kernel": ((d, f), "mlp.up_proj.weight", lambda w: w.T),
-      "mlp/down_kernel": ((f, d), "mlp.down_proj.weight", lambda w: w.T),
+      "attn/q_kernel": Leaf((d, k, g, hd), "self_attn.q_proj.weight", lambda w: w.T.reshape(d, k, g, hd), out_rows),
+      "attn/k_kernel": Leaf((d, k, hd), "self_attn.k_proj.weight", lambda w: w.T.reshape(d, k, hd), out_rows),
+      "attn/v_kernel": Leaf((d, k, hd), "self_attn.v_proj.weight", lambda w: w.T.reshape(d, k, hd), out_rows),
+      "attn/o_kernel": Leaf((k, g, hd, d), "self_attn.o_proj.weight", lambda w: w.T.reshape(k, g, hd, d),
+                            lambda w: w.reshape(k * g * hd, d).T),
+      "mlp/gate_kernel": Leaf((d, f), "mlp.gate_proj.weight", lambda w: w.T, lambda w: w.T),
+      "mlp/up_kernel": Leaf((d, f), "mlp.up_proj.weight", lambda w: w.T, lambda w: w.T),
+      "mlp/down_kernel": Leaf((f, d), "mlp.down_proj.weight", lambda w: w.T, lambda w: w.T),
   }
   if c.pre_norm:
-    leaves["attn_norm/scale"] = ((d,), "input_layernorm.weight", lambda w: w)
+    leaves["attn_norm/scale"] = Leaf((d,), "input_layernorm.weight", _same, _same)
     # With post-norms (Gemma), `post_attention_layernorm` is the attention output's and the MLP's input norm has its
     # own name; without (Llama), `post_attention_layernorm` is the MLP's input norm.
     pre_mlp = "pre_feedforward_layernorm" if c.post_norm else "post_attention_layernorm"
-    leaves["mlp_norm/scale"] = ((d,), f"{pre_mlp}.weight", lambda w: w)
+    leaves["mlp_norm/scale"] = Leaf((d,), f"{pre_mlp}.weight", _same, _same)
   if c.post_norm:
-    leaves["post_attn_norm/scale"] = ((d,), "post_attention_layernorm.weight", lambda w: w)
-    leaves["post_mlp_norm/scale"] = ((d,), "post_feedforward_layernorm.weight", lambda w: w)
+    leaves["post_attn_norm/scale"] = Leaf((d,), "post_attention_layernorm.weight", _same, _same)
+    leaves["post_mlp_norm/scale"] = Leaf((d,), "post_feedforward_layernorm.weight", _same, _same)
   if c.qk_norm == "head":
-    leaves["attn/q_norm/scale"] = ((hd,), "self_attn.q_norm.weight", lambda w: w)
-    leaves["attn/k_norm/scale"] = ((hd,), "self_attn.k_norm.weight", lambda w: w)
+    leaves["attn/q_norm/scale"] = Leaf((hd,), "self_attn.q_norm.weight", _same, _same)
+    leaves["attn/k_norm/scale"] = Leaf((hd,), "self_attn.k_norm.weight", _same, _same)
   elif c.qk_norm == "projection":
-    leaves["attn/q_norm/scale"] = ((k * g * hd,), "self_attn.q_norm.weight", lambda w: w)
-    leaves["attn/k_norm/scale"] = ((k * hd,), "self_attn.k_norm.weight", lambda w: w)
+    leaves["attn/q_norm/scale"] = Leaf((k * g * hd,), "self_attn.q_norm.weight", _same, _same)
+    leaves["attn/k_norm/scale"] = Leaf((k * hd,), "self_attn.k_norm.weight", _same, _same)
   if c.qkv_bias:
-    leaves["attn/q_bias"] = ((k, g, hd), "self_attn.q_proj.bias", lambda w: w.reshape(k, g, hd))
-    leaves["attn/k_bias"] = ((k, hd), "self_attn.k_proj.bias", lambda w: w.reshape(k, hd))
-    leaves["attn/v_bias"] = ((k, hd), "self_attn.v_proj.bias", lambda w: w.reshape(k, hd))
+    leaves["attn/q_bias"] = Leaf((k, g, hd), "self_attn.q_proj.bias", lambda w: w.reshape(k, g, hd), flat)
+    leaves["attn/k_bias"] = Leaf((k, hd), "self_attn.k_proj.bias", lambda w: w.reshape(k, hd), flat)
+    leaves["attn/v_bias"] = Leaf((k, hd), "self_attn.v_proj.bias", lambda w: w.reshape(k, hd), flat)
   if c.o_bias:
-    leaves["attn/o_bias"] = ((d,), "self_attn.o_proj.bias", lambda w: w)
+    leaves["attn/o_bias"] = Leaf((d,), "self_attn.o_proj.bias", _same, _same)
   if c.mlp_bias:
     for name in ("gate", "up"):
-      leaves[f"mlp/{name}_bias"] = ((f,), f"mlp.{name}_proj.bias", lambda w: w)
-    leaves["mlp/down_bias"] = ((d,), "mlp.down_proj.bias", lambda w: w)
+      leaves[f"mlp/{name}_bias"] = Leaf((f,), f"mlp.{name}_proj.bias", _same, _same)
+    leaves["mlp/down_bias"] = Leaf((d,), "mlp.down_proj.bias", _same, _same)
   return leaves
 
 
-def _nest(flat: Mapping[str, Any]) -> dict:
+def nest(flat: Mapping[str, Any]) -> dict:
   tree: dict = {}
   for path, value in flat.items():
     node = tree
@@ -154,13 +178,62 @@ def convert_hf_tensors(config: ModelConfig, get: Callable[[str], np.ndarray], na
           "final_norm/scale": place("final_norm/scale", fetch("model.norm.weight").astype(dtype))}
   if not config.tie_word_embeddings:
     flat["lm_head"] = place("lm_head", np.ascontiguousarray(fetch("lm_head.weight").T.astype(dtype)))
-  for leaf, (shape, suffix, to_ours) in _layer_leaves(config).items():
-    stacked = np.empty((config.num_layers,) + shape, dtype)
+  for leaf, spec in _layer_leaves(config).items():
+    stacked = np.empty((config.num_layers,) + spec.shape, dtype)
     for layer in range(config.num_layers):
-      stacked[layer] = to_ours(fetch(f"model.layers.{layer}.{suffix}"))
+      stacked[layer] = spec.from_hf(fetch(f"model.layers.{layer}.{spec.suffix}"))
     flat[f"layers/{leaf}"] = place(f"layers/{leaf}", stacked)
     del stacked
-  return _nest(flat)
+  return nest(flat)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """The inverse of `nest`: {"layers": {"attn": {"q_kernel": x}}} -> {"layers/attn/q_kernel": x}."""
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      flat.update(flatten(value, f"{prefix}{key}/"))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def hf_tensors(config: ModelConfig, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """The inverse of `convert_hf_tensors`: HF tensor name -> host array, in the parameters' dtype. Tied embeddings
+  write no `lm_head.weight` (transformers ties it to the embedding on load)."""
+  flat = {path: np.asarray(jax.device_get(value)) for path, value in flatten(params).items()}
+  tensors = {"model.embed_tokens.weight": flat.pop("embed/embedding"),
+             "model.norm.weight": flat.pop("final_norm/scale")}
+  if not config.tie_word_embeddings:
+    tensors["lm_head.weight"] = np.ascontiguousarray(flat.pop("lm_head").T)
+  for leaf, spec in _layer_leaves(config).items():
+    stacked = flat.pop(f"layers/{leaf}")
+    for layer in range(config.num_layers):
+      tensors[f"model.layers.{layer}.{spec.suffix}"] = np.ascontiguousarray(spec.to_hf(stacked[layer]))
+  if flat:
+    raise ValueError(f"parameters with no HF tensor for a {config.model_type} config: {sorted(flat)}")
+  return tensors
+
+
+def write_safetensors(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> None:
+  """One .safetensors file (what `SafetensorsFile` reads): an 8-byte header length, a JSON header of names, dtypes,
+  shapes and byte offsets, then the tensors' bytes back to back."""
+  names = {np.dtype(dtype): name for name, dtype in _SAFETENSORS_DTYPES.items()}
+  header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+  offset = 0
+  for name, array in tensors.items():
+    if array.dtype not in names:
+      raise ValueError(f"tensor {name} has dtype {array.dtype}, which safetensors cannot hold")
+    header[name] = {"dtype": names[array.dtype], "shape": list(array.shape),
+                    "data_offsets": [offset, offset + array.nbytes]}
+    offset += array.nbytes
+  encoded = json.dumps(header, separators=(",", ":")).encode()
+  encoded += b" " * (-len(encoded) % 8)  # the format aligns the data to 8 bytes
+  with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(encoded)))
+    f.write(encoded)
+    for array in tensors.values():
+      f.write(np.ascontiguousarray(array).tobytes())
 
 
 def load_safetensors_params(directory: str, config: ModelConfig, dtype, sharding_for: ShardingFn | None = None) -> dict:

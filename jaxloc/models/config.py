@@ -345,6 +345,68 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
   )
 
 
+def _rope_to_hf(theta: float, scaling: RopeScaling | None) -> dict[str, Any]:
+  """The inverse of `_rope`: one rope parameter dict as transformers 5.x writes it."""
+  params: dict[str, Any] = {"rope_type": scaling.rope_type if scaling else "default", "rope_theta": theta}
+  if scaling is not None:
+    params["factor"] = scaling.factor
+  if scaling is not None and scaling.rope_type == "llama3":
+    params.update(low_freq_factor=scaling.low_freq_factor, high_freq_factor=scaling.high_freq_factor,
+                  original_max_position_embeddings=scaling.original_max_position_embeddings)
+  return params
+
+
+def config_to_hf(config: ModelConfig) -> dict[str, Any]:
+  """The inverse of `config_from_hf`: the keyword arguments of transformers' config class for `config.model_type`
+  (`transformers.AutoConfig.for_model(**config_to_hf(c))`), which `config_from_hf` reads back into `config`.
+
+  transformers couples biases that ModelConfig keeps apart: `attention_bias` gives q, k, v and o their biases
+  together (Qwen2 has q/k/v biases and never an o bias; Mistral none), and Llama's `mlp_bias` gives gate, up and down
+  theirs. A config those options cannot express is refused rather than written as a different model.
+  """
+  c = config
+  if c.model_type == "qwen2":
+    expressible = c.qkv_bias and not c.o_bias and not c.mlp_bias
+  elif c.model_type == "mistral":
+    expressible = not (c.qkv_bias or c.o_bias or c.mlp_bias)
+  else:
+    expressible = c.qkv_bias == c.o_bias and (c.model_type == "llama" or not c.mlp_bias)
+  if not expressible:
+    raise UserError(f"transformers' {c.model_type} config cannot hold qkv_bias={c.qkv_bias}, o_bias={c.o_bias}, "
+                    f"mlp_bias={c.mlp_bias}: its q/k/v/o (and MLP) biases come together or not at all")
+  hf: dict[str, Any] = dict(
+      model_type=c.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+      intermediate_size=c.intermediate_size, num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+      num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+      max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings,
+      bos_token_id=c.bos_token_id, pad_token_id=c.pad_token_id,
+      eos_token_id=(c.eos_token_ids[0] if len(c.eos_token_ids) == 1 else list(c.eos_token_ids) or None),
+      rope_parameters=_rope_to_hf(c.rope_theta, c.rope_scaling))
+  if c.model_type not in ("qwen2", "mistral"):
+    hf["attention_bias"] = c.o_bias
+  if c.model_type == "llama":
+    hf["mlp_bias"] = c.mlp_bias
+  if c.layer_types or c.model_type in ("mistral", "qwen3", "gemma2", "gemma3_text"):
+    hf["sliding_window"] = c.sliding_window
+  if c.model_type in ("qwen3", "gemma2", "gemma3_text"):  # else transformers derives its own pattern
+    hf["layer_types"] = list(c.layer_types) or [FULL] * c.num_layers
+  if c.model_type == "qwen3":
+    hf["use_sliding_window"] = bool(c.layer_types)
+  if c.model_type in ("gemma2", "gemma3_text"):
+    scalar = c.query_pre_attn_scalar
+    hf.update(hidden_activation=c.hidden_act,  # transformers' field is an int; ours a float read from it
+              query_pre_attn_scalar=int(scalar) if scalar is not None and float(scalar).is_integer() else scalar,
+              final_logit_softcapping=c.final_softcap)
+    if c.model_type == "gemma2":
+      hf["attn_logit_softcapping"] = c.attn_softcap
+  else:
+    hf["hidden_act"] = c.hidden_act
+  if c.model_type == "gemma3_text":
+    hf["rope_parameters"] = {FULL: hf["rope_parameters"],
+                             SLIDING: _rope_to_hf(c.sliding_rope_theta or c.rope_theta, None)}
+  return hf
+
+
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
                       "gemma3": "gemma3_text"}
 # llama.cpp scales Gemma 27B's queries by its hidden size per head, every other Gemma's by head_dim (the GGUF does
