@@ -72,3 +72,75 @@ def rehearse(model: LoadedModel, engine_config: EngineConfig | None = None, outp
                   "tokens_per_batch": engine.config.tokens_per_batch,
                   "scoring_shapes": [dataclasses.asdict(s) for s in engine.shared.layouts.shapes]},
       "output_dir": directory}
+
+
+# The GSM8K-shaped generation workload of the paper's math localization: a 5-shot prompt, greedy answers.
+GSM8K_PROMPT_TOKENS = 800
+GSM8K_NEW_TOKENS = 256
+GPU_BYTES = int(0.75 * 80e9)  # an 80 GB GPU's bytes_limit under XLA's default 75% preallocation
+GPU_TOKENS_PER_BATCH = 65536
+
+
+def _costs(compiled) -> dict[str, float]:
+  """XLA's own accounting of a compiled call: bytes by kind, and its cost analysis (flops, bytes accessed)."""
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return {"argument_bytes": int(memory.argument_size_in_bytes), "output_bytes": int(memory.output_size_in_bytes),
+          "temp_bytes": int(memory.temp_size_in_bytes), "flops": float(cost.get("flops", 0.0)),
+          "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+
+
+def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16) -> dict[str, Any]:
+  """The scoring and generation calls the planner picks for `config` on an 80 GB GPU, lowered with abstract
+  parameters and compiled on this backend (nothing is allocated or run): XLA's memory and cost analysis beside the
+  planner's estimate. Scoring: the 8-shot GSM8K-like long shape (`memory.LONG_SHAPES`). Generation: a GSM8K-shaped
+  batch (`GSM8K_PROMPT_TOKENS` prompt, `GSM8K_NEW_TOKENS` new tokens); XLA counts a while loop's body once, so its
+  flops are the prefill's plus one decode step's."""
+  import functools
+
+  import jax
+
+  from jaxloc.bench import memory
+  from jaxloc.engine import batching, generation, planner
+  from jaxloc.models.llama import Ablation
+
+  sds = jax.ShapeDtypeStruct
+  params_bytes = memory.param_bytes(config, dtype)
+  budget = GPU_BYTES - params_bytes
+  plans = planner.Planner(config, budget, GPU_TOKENS_PER_BATCH, jnp.dtype(dtype).itemsize)
+  shape = memory.LONG_SHAPES[1]
+  scoring_plan = memory.plan(config, shape, dtype, budget, GPU_TOKENS_PER_BATCH)
+  start = time.perf_counter()
+  xla = memory.xla_bytes(config, dtype, scoring_plan.masks_per_call, scoring_plan.requests_per_call, shape.max_seq,
+                         shape.context, shape.targets)
+  scoring_seconds = time.perf_counter() - start
+  prompt = batching.bucket_coarse(GSM8K_PROMPT_TOKENS)
+  new = batching.bucket_pow2(GSM8K_NEW_TOKENS)
+  rows = plans.generation_rows(prompt, new, 400 * 100, platform="gpu")
+  module = Transformer(config, param_dtype=dtype)
+  params = memory._params(config, dtype)  # noqa: SLF001  (the abstract parameter tree, shared with memory.py)
+  generate = jax.jit(functools.partial(generation.greedy_generate, module, config, dtype=dtype),
+                     static_argnames=("max_new_tokens", "pad_id"))
+  start = time.perf_counter()
+  compiled = generate.lower(
+      params, Ablation(head_mask=sds((rows, config.num_layers, config.num_heads), dtype)),
+      sds((rows, prompt), jnp.int32), sds((rows, prompt), jnp.bool_), sds((rows,), jnp.bool_), sds((1,), jnp.int32),
+      sds((config.vocab_size, 1), jnp.int32), sds((config.vocab_size, 1), jnp.bool_),
+      max_new_tokens=new, pad_id=0).compile()
+  generation_costs = _costs(compiled)
+  generation_seconds = time.perf_counter() - start
+  kv_cache = config.num_layers * rows * (prompt + new) * config.num_kv_heads * config.head_dim * 2 * 2
+  return {
+      "model": name, "dtype": jnp.dtype(dtype).name, "backend": jax.default_backend(),
+      "param_gib": params_bytes / 2**30, "budget_gib": budget / 2**30,
+      "scoring": {"shape": dataclasses.asdict(shape), "masks_per_call": scoring_plan.masks_per_call,
+                  "requests_per_call": scoring_plan.requests_per_call,
+                  "planner_estimate_gib": scoring_plan.estimated_bytes / 2**30, "xla_gib": xla["peak"] / 2**30,
+                  "estimate_over_xla": scoring_plan.estimated_bytes / xla["peak"], "compile_seconds": scoring_seconds},
+      "generation": {"prompt": prompt, "new_tokens": new, "rows": rows,
+                     "planner_estimate_gib": rows * (plans.activation_bytes(1, 1, prompt, 0, 1) + kv_cache // rows)
+                     / 2**30,
+                     "xla_temp_plus_output_gib": (generation_costs["temp_bytes"] + generation_costs["output_bytes"])
+                     / 2**30, "kv_cache_gib": kv_cache / 2**30, **generation_costs,
+                     "compile_seconds": generation_seconds}}

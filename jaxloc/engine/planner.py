@@ -192,10 +192,11 @@ class Planner:
                         f"{self.call_budget / GIB:.2f} GiB; raise --memory_budget_gb or shorten the prompts")
     return ScoringBatches(masks, requests, cost(masks, requests))
 
-  def generation_rows(self, prompt_len: int, max_new: int, pairs: int) -> int:
+  def generation_rows(self, prompt_len: int, max_new: int, pairs: int, platform: str | None = None) -> int:
     """Rows of one generation call for `pairs` (mask, prompt) rows: each holds a key/value cache of the prompt and
-    its new tokens, and the prefill's activations (capped at 64 rows on CPUs, 256 on accelerators); at most the power
-    of two at or above `pairs` (a handful of shapes whatever the count); a multiple of the data-parallel size."""
+    its new tokens, and the prefill's activations (capped at 64 rows on CPUs, 256 on accelerators; `platform`
+    names the one whose cap applies, default this machine's); at most the power of two at or above `pairs` (a
+    handful of shapes whatever the count); a multiple of the data-parallel size."""
     if self.generation_batch:
       batch = self.generation_batch
     else:
@@ -203,7 +204,7 @@ class Planner:
       cache = c.num_layers * (prompt_len + max_new) * c.num_kv_heads * c.head_dim * 2 * self.dtype_bytes
       prefill = self.activation_bytes(1, 1, prompt_len, 0, 1)
       batch = max(1, int(self.budget // (cache + prefill)))
-      batch = min(batch, 256 if jax.devices()[0].platform != "cpu" else 64)
+      batch = min(batch, 256 if (platform or jax.devices()[0].platform) != "cpu" else 64)
     batch = min(batch, bucket_pow2(pairs))
     return max(self.data_parallel, -(-batch // self.data_parallel) * self.data_parallel)
 
