@@ -91,12 +91,15 @@ def _costs(compiled) -> dict[str, float]:
           "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
 
 
-def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16) -> dict[str, Any]:
-  """The scoring and generation calls the planner picks for `config` on an 80 GB GPU, lowered with abstract
-  parameters and compiled on this backend (nothing is allocated or run): XLA's memory and cost analysis beside the
-  planner's estimate. Scoring: the 8-shot GSM8K-like long shape (`memory.LONG_SHAPES`). Generation: a GSM8K-shaped
-  batch (`GSM8K_PROMPT_TOKENS` prompt, `GSM8K_NEW_TOKENS` new tokens); XLA counts a while loop's body once, so its
-  flops are the prefill's plus one decode step's."""
+def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_dtype=jnp.float32) -> dict[str, Any]:
+  """The scoring and generation calls the planner picks for `config` in `dtype` on an 80 GB GPU, lowered with
+  abstract parameters and compiled on this backend in `compile_dtype` (nothing is allocated or run): XLA's memory
+  and cost analysis beside the planner's estimate at the compiled dtype. (XLA's CPU backend upcasts bfloat16
+  matmuls and copies the weights, so on a CPU the comparison is made in float32, as `benchmark_memory` does; on
+  an accelerator pass compile_dtype=dtype.) Scoring: the 8-shot GSM8K-like long shape (`memory.LONG_SHAPES`).
+  Generation: a GSM8K-shaped batch (`GSM8K_PROMPT_TOKENS` prompt, `GSM8K_NEW_TOKENS` new tokens). XLA's cost
+  analysis counts a loop's body once: the layers are a scan and decoding a while loop, so its generation flops are
+  one layer's prefill plus one layer of one decode step."""
   import functools
 
   import jax
@@ -106,41 +109,52 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16) -> dict[s
   from jaxloc.models.llama import Ablation
 
   sds = jax.ShapeDtypeStruct
+  itemsize = jnp.dtype(dtype).itemsize
   params_bytes = memory.param_bytes(config, dtype)
   budget = GPU_BYTES - params_bytes
-  plans = planner.Planner(config, budget, GPU_TOKENS_PER_BATCH, jnp.dtype(dtype).itemsize)
+  plans = planner.Planner(config, budget, GPU_TOKENS_PER_BATCH, itemsize)
+  compiled_plans = dataclasses.replace(plans, dtype_bytes=jnp.dtype(compile_dtype).itemsize)
   shape = memory.LONG_SHAPES[1]
   scoring_plan = memory.plan(config, shape, dtype, budget, GPU_TOKENS_PER_BATCH)
   start = time.perf_counter()
-  xla = memory.xla_bytes(config, dtype, scoring_plan.masks_per_call, scoring_plan.requests_per_call, shape.max_seq,
-                         shape.context, shape.targets)
+  xla = memory.xla_bytes(config, compile_dtype, scoring_plan.masks_per_call, scoring_plan.requests_per_call,
+                         shape.max_seq, shape.context, shape.targets)
   scoring_seconds = time.perf_counter() - start
+  estimate = compiled_plans.activation_bytes(scoring_plan.masks_per_call, scoring_plan.requests_per_call,
+                                             batching.bucket(shape.max_seq), shape.context,
+                                             batching.bucket_pow2(shape.targets))
   prompt = batching.bucket_coarse(GSM8K_PROMPT_TOKENS)
   new = batching.bucket_pow2(GSM8K_NEW_TOKENS)
   rows = plans.generation_rows(prompt, new, 400 * 100, platform="gpu")
-  module = Transformer(config, param_dtype=dtype)
-  params = memory._params(config, dtype)  # noqa: SLF001  (the abstract parameter tree, shared with memory.py)
-  generate = jax.jit(functools.partial(generation.greedy_generate, module, config, dtype=dtype),
+  module = Transformer(config, param_dtype=compile_dtype)
+  params = memory._params(config, compile_dtype)  # noqa: SLF001  (the abstract parameter tree of memory.py)
+  generate = jax.jit(functools.partial(generation.greedy_generate, module, config, dtype=compile_dtype),
                      static_argnames=("max_new_tokens", "pad_id"))
   start = time.perf_counter()
   compiled = generate.lower(
-      params, Ablation(head_mask=sds((rows, config.num_layers, config.num_heads), dtype)),
+      params, Ablation(head_mask=sds((rows, config.num_layers, config.num_heads), compile_dtype)),
       sds((rows, prompt), jnp.int32), sds((rows, prompt), jnp.bool_), sds((rows,), jnp.bool_), sds((1,), jnp.int32),
       sds((config.vocab_size, 1), jnp.int32), sds((config.vocab_size, 1), jnp.bool_),
       max_new_tokens=new, pad_id=0).compile()
-  generation_costs = _costs(compiled)
+  costs = _costs(compiled)
   generation_seconds = time.perf_counter() - start
-  kv_cache = config.num_layers * rows * (prompt + new) * config.num_kv_heads * config.head_dim * 2 * 2
+
+  def generation_bytes(p: planner.Planner) -> int:  # the planner's per-row terms (`Planner.generation_rows`)
+    cache = config.num_layers * (prompt + new) * config.num_kv_heads * config.head_dim * 2 * p.dtype_bytes
+    return rows * (cache + p.activation_bytes(1, 1, prompt, 0, 1))
+
   return {
-      "model": name, "dtype": jnp.dtype(dtype).name, "backend": jax.default_backend(),
-      "param_gib": params_bytes / 2**30, "budget_gib": budget / 2**30,
+      "model": name, "dtype": jnp.dtype(dtype).name, "compiled_in": jnp.dtype(compile_dtype).name,
+      "backend": jax.default_backend(), "param_gib": params_bytes / 2**30, "budget_gib": budget / 2**30,
       "scoring": {"shape": dataclasses.asdict(shape), "masks_per_call": scoring_plan.masks_per_call,
                   "requests_per_call": scoring_plan.requests_per_call,
-                  "planner_estimate_gib": scoring_plan.estimated_bytes / 2**30, "xla_gib": xla["peak"] / 2**30,
-                  "estimate_over_xla": scoring_plan.estimated_bytes / xla["peak"], "compile_seconds": scoring_seconds},
+                  "planner_estimate_gib": scoring_plan.estimated_bytes / 2**30,
+                  "compiled_estimate_gib": estimate / 2**30, "xla_gib": xla["peak"] / 2**30,
+                  "estimate_over_xla": estimate / xla["peak"], "compile_seconds": scoring_seconds},
       "generation": {"prompt": prompt, "new_tokens": new, "rows": rows,
-                     "planner_estimate_gib": rows * (plans.activation_bytes(1, 1, prompt, 0, 1) + kv_cache // rows)
-                     / 2**30,
-                     "xla_temp_plus_output_gib": (generation_costs["temp_bytes"] + generation_costs["output_bytes"])
-                     / 2**30, "kv_cache_gib": kv_cache / 2**30, **generation_costs,
-                     "compile_seconds": generation_seconds}}
+                     "planner_estimate_gib": generation_bytes(plans) / 2**30,
+                     "compiled_estimate_gib": generation_bytes(compiled_plans) / 2**30,
+                     "xla_temp_plus_output_gib": (costs["temp_bytes"] + costs["output_bytes"]) / 2**30,
+                     "estimate_over_xla": generation_bytes(compiled_plans) / (costs["temp_bytes"]
+                                                                              + costs["output_bytes"]),
+                     **costs, "compile_seconds": generation_seconds}}
