@@ -2,8 +2,11 @@
 
 Tiny models (`tests/tiny.py`) use the embedded model's tokenizer (the `tokenizer` fixture, read from its GGUF
 without loading its weights), so tests that need real text but not a real model stay fast; `smollm2` loads the
-embedded model itself for the tests that need it. Tests that run on tiny models alone are the fast tier
-(`pytest -m "not slow"`); `-m slow` marks the heavy ones.
+embedded model itself for the tests that need it.
+
+Two tiers. `slow` marks what loads a real model (added here, from the fixtures it uses) or runs whole CLI jobs in
+subprocesses (marked in its file). The fast tier, `pytest -m "not slow"`, leaves them out (a few minutes on 2 cores);
+CI runs everything (`pytest`).
 """
 
 import os
@@ -15,8 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
-# Fixtures that load a real model: every test that uses one is in the slow tier.
-REAL_MODEL_FIXTURES = ("smollm2", "smollm2_engine", "smollm2_torch", "qwen", "qwen_torch")
+# Fixtures that load a real model: every test that uses one is slow.
+REAL_MODEL_FIXTURES = ("smollm2", "smollm2_engine", "smollm2_torch", "qwen", "qwen_torch", "gemma3", "gemma3_torch")
 
 
 def pytest_collection_modifyitems(config, items):

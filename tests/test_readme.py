@@ -5,7 +5,12 @@ import io
 import os
 import re
 
+import pytest
+
 from tests.optional import optional_module
+
+# The example loads SmolLM2 and runs a small localization: in CI, not in the fast tier.
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,13 +1,22 @@
 """Tiny random Llamas with a real tokenizer: real text requests, fast compiles. `make_tiny` builds jaxloc's own
-modules (no torch); `save_tiny_hf` saves a `transformers` model as an HF directory (what a user passes with
---model=DIR). The fixtures in tests/conftest.py give each one per session."""
+modules (no torch), a Llama or, with `GEMMA3`, a Gemma 3 whose sliding window (4 tokens) is shorter than every
+request; `save_tiny_hf` saves a `transformers` model as an HF directory (what a user passes with --model=DIR). The
+fixtures in tests/conftest.py give each one per session."""
 
 import jax
 import jax.numpy as jnp
 
-from jaxloc.models.config import ModelConfig
-from jaxloc.models.llama import Transformer
+from jaxloc.models.config import FULL, SLIDING, ModelConfig
+from jaxloc.models.decoder import Transformer
 from jaxloc.models.loading import LoadedModel
+
+
+# Gemma 3's family options on make_tiny's shapes: pre- and post-norms scaling by (1 + w), per-head q/k norms, GeGLU,
+# scaled embeddings, its query scale, and a full layer between two sliding ones (window 4, rope base 10k; full
+# layers 1M).
+GEMMA3 = dict(model_type="gemma3_text", post_norm=True, norm_unit_offset=True, norm_scale_float32=True, qk_norm="head",
+              hidden_act="gelu_pytorch_tanh", embed_scale=True, query_pre_attn_scalar=12.0, rope_theta=1e6,
+              sliding_window=4, layer_types=(SLIDING, FULL, SLIDING), sliding_rope_theta=1e4)
 
 
 def make_tiny(tokenizer, seed=0, **overrides):

@@ -25,7 +25,7 @@ import numpy as np
 from jaxloc.engine import batching, planner, scoring
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.layers import Context
-from jaxloc.models.llama import Ablation, Transformer
+from jaxloc.models.decoder import Ablation, Transformer
 
 GIB = planner.GIB
 
@@ -121,7 +121,8 @@ def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, c
     analysis = compiled.memory_analysis()
     result["prefix"] = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
     kv_shape = (config.num_layers, masks, context, config.num_kv_heads, config.head_dim)
-    kv = Context(sds(kv_shape, dtype), sds(kv_shape, dtype), sds((masks, 1, context), jnp.bool_))
+    kv = Context(sds(kv_shape, dtype), sds(kv_shape, dtype), sds((masks, 1, context), jnp.bool_),
+                 sds((1, 1, context), jnp.int32))
   score_fn = jax.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
   compiled = score_fn.lower(params, ablation, kv, rows).compile()
   analysis = compiled.memory_analysis()

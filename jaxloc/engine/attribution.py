@@ -25,7 +25,7 @@ from jaxloc.engine.scoring import Rows, prefix_context, score_chunk, target_logp
 from jaxloc.engine.shared import Shared
 from jaxloc.errors import UserError
 from jaxloc.models.layers import Context
-from jaxloc.models.llama import Ablation, OutputSpec
+from jaxloc.models.decoder import Ablation, OutputSpec
 
 
 def mask_objective(module, config, params, ablation: Ablation, prefix_tokens, rows: Rows, weights, offsets, dtype,
@@ -87,7 +87,8 @@ def neuron_integrated_gradients(module, config, params, neuron_fill, prefix_toke
     one = Ablation(neuron_mask=jnp.ones((1, cfg.num_layers, cfg.intermediate_size), dtype))
     prefix = prefix_context(module, params, one, prefix_tokens, dtype=dtype)
     expand = lambda a: jnp.broadcast_to(a, (a.shape[0], width) + a.shape[2:])  # noqa: E731
-    context = Context(expand(prefix.k), expand(prefix.v), jnp.ones((width, 1, prefix_tokens.shape[0]), bool))
+    context = Context(expand(prefix.k), expand(prefix.v), jnp.ones((width, 1, prefix_tokens.shape[0]), bool),
+                      prefix.positions)
   where = (jnp.arange(seq)[None, :] == target_pos[:, :1])  # [Rb, S]: the first predictor position
   masks = jnp.broadcast_to(jnp.tile(alphas, rows)[:, None, None], (width, cfg.num_layers, cfg.intermediate_size))
   slots = jnp.repeat(target_valid.astype(jnp.float32)[..., None], steps, axis=0)  # [Rb * steps, T, 1]

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc.models.layers import Context
-from jaxloc.models.llama import Ablation, OutputSpec, Resume, lm_logits
+from jaxloc.models.decoder import Ablation, OutputSpec, Resume, lm_logits
 
 
 def stop_tables(token_strings: Sequence[str], stop_strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -153,6 +153,9 @@ def greedy_generate(module, config, params, ablation: Ablation, prompt, prompt_v
   cache_valid = jnp.concatenate([prompt_valid, jnp.zeros((batch, max_new_tokens), bool)], axis=1)
   first = jnp.argmax(lm_logits(config, params, out.hidden[:, 0, -1]), axis=-1).astype(jnp.int32)
   next_pos = positions[:, -1] + 1
+  # Every cache slot's position (the new tokens' are known ahead): sliding-window layers see the keys of the last
+  # `window` positions only, however long the cache.
+  cache_positions = jnp.concatenate([positions, next_pos[:, None] + jnp.arange(max_new_tokens)], axis=1)[:, None]
 
   def cond(state):
     step, done = state[0], state[7]
@@ -164,7 +167,7 @@ def greedy_generate(module, config, params, ablation: Ablation, prompt, prompt_v
     lengths = lengths + (~done).astype(jnp.int32)
     done = done | (current[:, None] == eos_ids[None]).any(-1) | stop_hit[current, automaton]
     automaton = stop_next[current, automaton]
-    context = Context(cache_k, cache_v, cache_valid[:, None, :])
+    context = Context(cache_k, cache_v, cache_valid[:, None, :], cache_positions)
     out = module.apply({"params": params}, current[:, None, None], pos[:, None, None], ablation=ablation,
                        context=context, outputs=OutputSpec(kv=True), dtype=dtype)
     write = seq + step

@@ -28,7 +28,7 @@ from jaxloc.engine.batching import bucket, bucket_pow2
 from jaxloc.engine.requests import ScoringRequest
 from jaxloc.errors import UserError
 from jaxloc.models.layers import Context
-from jaxloc.models.llama import Ablation, OutputSpec, Resume, lm_logits
+from jaxloc.models.decoder import Ablation, OutputSpec, Resume, lm_logits
 
 # Sharing a prefix shorter than this saves less than the extra call costs.
 MIN_SHARED_PREFIX = 4
@@ -308,7 +308,7 @@ def prefix_context(module, params, ablation: Ablation, prefix_tokens, start_laye
                      outputs=OutputSpec(kv=True), dtype=dtype)
   k = out.k[:, :, 0]
   v = out.v[:, :, 0]
-  return Context(k, v, jnp.ones((masks, 1, prefix_len), bool))
+  return Context(k, v, jnp.ones((masks, 1, prefix_len), bool), jnp.arange(prefix_len)[None, None])
 
 
 def unablated_residuals(module, params, prefix_tokens, rows: Rows, *, dtype):
@@ -319,7 +319,8 @@ def unablated_residuals(module, params, prefix_tokens, rows: Rows, *, dtype):
     prefix_len = prefix_tokens.shape[0]
     out = module.apply({"params": params}, prefix_tokens[None, None], jnp.arange(prefix_len)[None, None],
                        outputs=OutputSpec(kv=True, residuals=True), dtype=dtype)
-    context = Context(out.k[:, :, 0], out.v[:, :, 0], jnp.ones((1, 1, prefix_len), bool))
+    context = Context(out.k[:, :, 0], out.v[:, :, 0], jnp.ones((1, 1, prefix_len), bool),
+                      jnp.arange(prefix_len)[None, None])
     prefix_residuals = out.residual[:, 0, 0]
   out = module.apply({"params": params}, rows.tokens[None], rows.positions[None], context=context,
                      segments=rows.segments[None], outputs=OutputSpec(residuals=True), dtype=dtype)

@@ -3,7 +3,9 @@
 No PyTorch model is ever built. Safetensors files are memory-mapped and each tensor is transposed
 into the stacked [layers, ...] leaf in the target dtype, so host memory peaks near one copy of the
 checkpoint (plus one leaf while it is placed on devices). GGUF tensors are dequantized with the
-`gguf` package and llama.cpp's rotary permutation of q/k rows is undone.
+`gguf` package and llama.cpp's conventions are undone: the rotary permutation of Llama q/k rows, and the 1 it
+adds to every Gemma norm weight. Tensor names differ by family (Llama's `post_attention_layernorm` is the norm before
+the MLP, Gemma's and OLMo-2's the norm on the attention output): `_layer_leaves` maps each to the decoder's leaves.
 """
 
 from __future__ import annotations
@@ -96,9 +98,22 @@ def _layer_leaves(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], str, 
       "mlp/gate_kernel": ((d, f), "mlp.gate_proj.weight", lambda w: w.T),
       "mlp/up_kernel": ((d, f), "mlp.up_proj.weight", lambda w: w.T),
       "mlp/down_kernel": ((f, d), "mlp.down_proj.weight", lambda w: w.T),
-      "attn_norm/scale": ((d,), "input_layernorm.weight", lambda w: w),
-      "mlp_norm/scale": ((d,), "post_attention_layernorm.weight", lambda w: w),
   }
+  if c.pre_norm:
+    leaves["attn_norm/scale"] = ((d,), "input_layernorm.weight", lambda w: w)
+    # With post-norms (Gemma), `post_attention_layernorm` is the attention output's and the MLP's input norm has its
+    # own name; without (Llama), `post_attention_layernorm` is the MLP's input norm.
+    pre_mlp = "pre_feedforward_layernorm" if c.post_norm else "post_attention_layernorm"
+    leaves["mlp_norm/scale"] = ((d,), f"{pre_mlp}.weight", lambda w: w)
+  if c.post_norm:
+    leaves["post_attn_norm/scale"] = ((d,), "post_attention_layernorm.weight", lambda w: w)
+    leaves["post_mlp_norm/scale"] = ((d,), "post_feedforward_layernorm.weight", lambda w: w)
+  if c.qk_norm == "head":
+    leaves["attn/q_norm/scale"] = ((hd,), "self_attn.q_norm.weight", lambda w: w)
+    leaves["attn/k_norm/scale"] = ((hd,), "self_attn.k_norm.weight", lambda w: w)
+  elif c.qk_norm == "projection":
+    leaves["attn/q_norm/scale"] = ((k * g * hd,), "self_attn.q_norm.weight", lambda w: w)
+    leaves["attn/k_norm/scale"] = ((k * hd,), "self_attn.k_norm.weight", lambda w: w)
   if c.qkv_bias:
     leaves["attn/q_bias"] = ((k, g, hd), "self_attn.q_proj.bias", lambda w: w.reshape(k, g, hd))
     leaves["attn/k_bias"] = ((k, hd), "self_attn.k_proj.bias", lambda w: w.reshape(k, hd))
@@ -163,7 +178,12 @@ _GGUF_TO_HF = {
     "ffn_down.weight": "mlp.down_proj.weight", "ffn_gate.bias": "mlp.gate_proj.bias",
     "ffn_up.bias": "mlp.up_proj.bias", "ffn_down.bias": "mlp.down_proj.bias",
     "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
+# llama.cpp's Gemma names: `ffn_norm` is the MLP's input norm, and the outputs have their own norms.
+_GGUF_TO_HF_POST_NORMS = {**_GGUF_TO_HF, "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                          "post_attention_norm.weight": "post_attention_layernorm.weight",
+                          "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 _GGUF_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
 
@@ -206,14 +226,15 @@ def load_gguf_params(path: str, dtype, sharding_for: ShardingFn | None = None) -
   from gguf.quants import dequantize
 
   config, reader = read_gguf(path)
+  names = _GGUF_TO_HF_POST_NORMS if config.post_norm else _GGUF_TO_HF
   by_hf_name = {}
   for tensor in reader.tensors:
     if tensor.name in _GGUF_TOP:
       by_hf_name[_GGUF_TOP[tensor.name]] = tensor
     elif tensor.name.startswith("blk."):
       _, layer, rest = tensor.name.split(".", 2)
-      if rest in _GGUF_TO_HF:
-        by_hf_name[f"model.layers.{layer}.{_GGUF_TO_HF[rest]}"] = tensor
+      if rest in names:
+        by_hf_name[f"model.layers.{layer}.{names[rest]}"] = tensor
 
   def get(name: str) -> np.ndarray:
     tensor = by_hf_name[name]
@@ -222,6 +243,8 @@ def load_gguf_params(path: str, dtype, sharding_for: ShardingFn | None = None) -
       w = _unpermute_rotary(w, config.num_heads)
     elif config.model_type == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
       w = _unpermute_rotary(w, config.num_kv_heads)
+    elif config.norm_unit_offset and name.endswith("norm.weight"):
+      w = w - 1  # llama.cpp stores Gemma's (1 + w) norm scales with the 1 added; the decoder adds it itself
     return w
 
   return config, convert_hf_tensors(config, get, set(by_hf_name), dtype, sharding_for)

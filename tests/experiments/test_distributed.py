@@ -15,6 +15,9 @@ import pytest
 
 from tests.experiments.conftest import ROOT, run_cli
 
+# Several processes per test, each compiling the model: in CI, not in the fast tier.
+pytestmark = pytest.mark.slow
+
 DEVICES_PER_PROCESS = 2
 
 

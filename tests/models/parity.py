@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloc.models.llama import Ablation, lm_logits
+from jaxloc.models.decoder import Ablation, lm_logits
 
 
 def logits(model, ids, head_mask=None, neuron_mask=None) -> np.ndarray:

@@ -27,14 +27,14 @@ def test_directory_without_config(tmp_path):
 
 
 def test_unsupported_model_type_lists_supported():
-  with pytest.raises(UserError, match=r"unsupported model_type 'gpt2'.*llama, qwen2"):
+  with pytest.raises(UserError, match=r"unsupported model_type 'gpt2'.*llama, mistral, qwen2, qwen3, gemma2, gemma3_text, olmo2"):
     config_from_hf({"model_type": "gpt2"})
 
 
 def test_unsupported_rope_type_lists_supported():
   hf = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
         "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
-  with pytest.raises(UserError, match=r"unsupported rope type 'yarn'.*default, llama3"):
+  with pytest.raises(UserError, match=r"unsupported rope type 'yarn'.*default, linear, llama3"):
     config_from_hf(hf)
 
 

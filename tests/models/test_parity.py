@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloc.models.llama import Ablation, lm_logits
+from jaxloc.models.decoder import Ablation, lm_logits
 from jaxloc.models.loading import load_model
 
 torch = pytest.importorskip("torch")

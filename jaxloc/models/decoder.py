@@ -1,7 +1,12 @@
-"""The Llama-architecture decoder: Llama 3.x, Qwen2/Qwen2.5 and any Llama-shaped checkpoint (SmolLM2).
+"""The decoder of every supported family: Llama 3.x (and any Llama-shaped checkpoint: SmolLM2), Mistral, Qwen2/2.5,
+Qwen3, Gemma 2, Gemma 3 (text) and OLMo-2.
 
-Qwen2 differs from Llama only in configuration (q/k/v biases, its own rope theta), so both families
-run through this one module; `config.py` reads each family's config.
+The families differ only in configuration (`config.py` reads each one's): where the RMSNorms sit (before attention
+and the MLP, on their outputs, or both) and whether they scale by (1 + w); q/k norms per head or over the whole
+projection; SwiGLU or GeGLU; embeddings scaled by sqrt(hidden); soft-capped attention scores and final logits; the
+query scale; q/k/v/o biases; tied or untied embeddings; and sliding-window layers interleaved with full ones, each
+kind with its own rope base. So every family runs through this one module, and the head and neuron masks mean the
+same thing in all of them: a head's slice of the `o_proj` input, a neuron's `down_proj` input.
 
 Inputs are data, in penzai's spirit: an `Ablation` holds a head mask [masks, layers, heads] (1 keep,
 0 ablate) that scales every query head's attention output before `o_proj`, and/or a neuron mask
@@ -10,9 +15,11 @@ Inputs are data, in penzai's spirit: an `Ablation` holds a head mask [masks, lay
 That is what lets many ablation configurations run as one batched, compiled computation. What a forward pass is
 asked for is data too: `Resume` starts it at a later layer, a static `OutputSpec` names what it returns besides
 the hidden states, and each decoder layer reads typed inputs, its own slice of `LayerInputs` and the whole of
-`SharedInputs`, so a model family's per-layer attribute is a field, not a mode flag.
+`SharedInputs`; a family's per-layer attributes (a sliding-window layer's window, which rope table a layer uses)
+are `LayerInputs` fields filled from the config, not modes.
 
-Axes are those of `layers.py`, plus `layers` L (the scanned decoder layers) and `vocab` V.
+Axes are those of `layers.py`, plus `layers` L (the scanned decoder layers), `vocab` V and `ropes` T (rotary tables:
+2 when sliding layers rotate with their own base, else 1).
 Tokens are [M, R, S]: every mask has its own batch of requests, which may share context keys/values
 [L, M, C, K, Dh] (a prefix computed once per mask, or a decoding cache).
 """
@@ -27,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxloc.models.config import ModelConfig
-from jaxloc.models.layers import MLP, Attention, Context, RMSNorm, rotary_tables
+from jaxloc.models.layers import MLP, Attention, Context, norm, rotary_tables
 
 Array = jax.Array
 
@@ -111,11 +118,13 @@ jax.tree_util.register_dataclass(Resume, data_fields=["layer", "residual"], meta
 @dataclasses.dataclass
 class LayerInputs:
   """What each decoder layer gets for itself, stacked over a leading `layers` axis (the scan slices it); None where a
-  call has none. A per-layer attribute of a model family (a sliding-window size, which rope table a layer uses) is one
-  more field here, filled from the config, not a new mode of `Transformer.__call__`.
+  call or a model has none. A per-layer attribute of a model family is a field here, filled from the config, not a
+  mode of `Transformer.__call__`.
 
   index: int [L], the layer's number. head_mask: [L, M, K, G]; head_fill: [L, K, G, Dh]; neuron_mask: [L, M, F];
   neuron_fill: [L, F] (`Ablation`, laid out per layer). context_k, context_v: [L, M, C, K, Dh] (`Context`).
+  window: int [L], how far back each layer's queries see (`ModelConfig.layer_windows`; None when no layer slides).
+  rope: int [L], each layer's rotary table in `SharedInputs.cos`/`sin` (None when every layer uses the first).
   """
 
   index: Array
@@ -125,6 +134,8 @@ class LayerInputs:
   neuron_fill: Array | None = None
   context_k: Array | None = None
   context_v: Array | None = None
+  window: Array | None = None
+  rope: Array | None = None
 
   @classmethod
   def build(cls, config: ModelConfig, ablation: Ablation, context: Context | None, num_masks: int) -> "LayerInputs":
@@ -140,32 +151,41 @@ class LayerInputs:
       inputs.neuron_fill = ablation.neuron_fill
     if context is not None:
       inputs.context_k, inputs.context_v = context.k, context.v
+    if c.has_sliding_layers:
+      inputs.window = jnp.asarray(c.layer_windows(), jnp.int32)
+    if len(c.ropes()) > 1:
+      inputs.rope = jnp.asarray(c.layer_ropes(), jnp.int32)
     return inputs
 
 
 jax.tree_util.register_dataclass(LayerInputs, data_fields=["index", "head_mask", "head_fill", "neuron_mask",
-                                                           "neuron_fill", "context_k", "context_v"], meta_fields=[])
+                                                           "neuron_fill", "context_k", "context_v", "window", "rope"],
+                                 meta_fields=[])
 
 
 @dataclasses.dataclass
 class SharedInputs:
   """What every decoder layer gets whole (broadcast over the scan).
 
-  cos, sin: [M|1, R|1, S, Dh] rotary tables; segments: int [M|1, R|1, S] or None (`Transformer.__call__`);
-  neuron_where: bool [M|1, R|1, S] or None (`Ablation`); context_valid: bool [M, R|1, C] or None (`Context`);
+  cos, sin: [T, M|1, R|1, S, Dh] rotary tables, one per rope (`ModelConfig.ropes`); positions: int [M|1, R|1, S];
+  segments: int [M|1, R|1, S] or None (`Transformer.__call__`); neuron_where: bool [M|1, R|1, S] or None
+  (`Ablation`); context_valid: bool [M, R|1, C] and context_positions: int [M|1, R|1, C], or None (`Context`);
   start_layer: int32 scalar or None (`Resume`).
   """
 
   cos: Array
   sin: Array
+  positions: Array
   segments: Array | None = None
   neuron_where: Array | None = None
   context_valid: Array | None = None
+  context_positions: Array | None = None
   start_layer: Array | None = None
 
 
-jax.tree_util.register_dataclass(SharedInputs, data_fields=["cos", "sin", "segments", "neuron_where",
-                                                            "context_valid", "start_layer"], meta_fields=[])
+jax.tree_util.register_dataclass(SharedInputs, data_fields=["cos", "sin", "positions", "segments", "neuron_where",
+                                                            "context_valid", "context_positions", "start_layer"],
+                                 meta_fields=[])
 
 
 @dataclasses.dataclass
@@ -194,9 +214,13 @@ class DecoderLayer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.attn_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
+    if cfg.pre_norm:
+      self.attn_norm = norm(cfg, self.param_dtype)
+      self.mlp_norm = norm(cfg, self.param_dtype)
+    if cfg.post_norm:
+      self.post_attn_norm = norm(cfg, self.param_dtype)
+      self.post_mlp_norm = norm(cfg, self.param_dtype)
     self.attn = Attention(cfg, self.param_dtype)
-    self.mlp_norm = RMSNorm(cfg.rms_norm_eps, self.param_dtype)
     self.mlp = MLP(cfg, self.param_dtype)
 
   def __call__(self, x: Array, layer: LayerInputs, shared: SharedInputs):
@@ -210,13 +234,21 @@ class DecoderLayer(nn.Module):
     return x_out, outputs
 
   def compute(self, x: Array, layer: LayerInputs, shared: SharedInputs):
+    cfg = self.config
     context = None
     if layer.context_k is not None:
-      context = Context(layer.context_k, layer.context_v, shared.context_valid)
-    attn_out, head_out, k, v = self.attn(self.attn_norm(x), shared.cos, shared.sin, layer.head_mask, layer.head_fill,
-                                         context, shared.segments)
+      context = Context(layer.context_k, layer.context_v, shared.context_valid, shared.context_positions)
+    rope = 0 if layer.rope is None else layer.rope
+    attn_out, head_out, k, v = self.attn(self.attn_norm(x) if cfg.pre_norm else x, shared.cos[rope], shared.sin[rope],
+                                         layer.head_mask, layer.head_fill, context, shared.segments, shared.positions,
+                                         layer.window)
+    if cfg.post_norm:
+      attn_out = self.post_attn_norm(attn_out)
     x = x + attn_out
-    mlp_out, neurons = self.mlp(self.mlp_norm(x), layer.neuron_mask, layer.neuron_fill, shared.neuron_where)
+    mlp_out, neurons = self.mlp(self.mlp_norm(x) if cfg.pre_norm else x, layer.neuron_mask, layer.neuron_fill,
+                                shared.neuron_where)
+    if cfg.post_norm:
+      mlp_out = self.post_mlp_norm(mlp_out)
     x = x + mlp_out
     outputs = LayerOutputs()
     if self.outputs.kv:
@@ -243,8 +275,10 @@ class Transformer(nn.Module):
 
   Parameters are a plain pytree (the `params` collection). Layout: `embed/embedding` [V, D];
   `layers/...` stacked over a leading L axis (attention `q_kernel` [L, D, K, G, Dh], `k_kernel` and
-  `v_kernel` [L, D, K, Dh], `o_kernel` [L, K, G, Dh, D]; MLP `gate_kernel`, `up_kernel` [L, D, F] and
-  `down_kernel` [L, F, D]; norm `scale`s [L, D]); `final_norm/scale` [D]; `lm_head` [D, V] only when
+  `v_kernel` [L, D, K, Dh], `o_kernel` [L, K, G, Dh, D], with `q_norm`/`k_norm` `scale`s [L, Dh] (per head) or
+  [L, H * Dh] and [L, K * Dh] (whole projection) where the family has them; MLP `gate_kernel`, `up_kernel` [L, D, F]
+  and `down_kernel` [L, F, D]; norm `scale`s [L, D]: `attn_norm`, `mlp_norm` before attention and MLP,
+  `post_attn_norm`, `post_mlp_norm` on their outputs); `final_norm/scale` [D]; `lm_head` [D, V] only when
   embeddings are untied.
   """
 
@@ -277,6 +311,8 @@ class Transformer(nn.Module):
       self.param("lm_head", nn.initializers.normal(0.02), (cfg.hidden_size, cfg.vocab_size), self.param_dtype)
     if start is None:
       x = embed(tokens).astype(dtype)
+      if cfg.embed_scale:  # the scale rounded to the activation dtype, as transformers' Gemma
+        x = x * jnp.asarray(cfg.hidden_size**0.5, dtype)
     else:
       x = jnp.broadcast_to(start.residual.astype(dtype), tokens.shape + (cfg.hidden_size,))
     cos, sin = rotary_tables(cfg, positions)
@@ -284,19 +320,24 @@ class Transformer(nn.Module):
     if outputs.unit_sums and segments is None:
       segments = jnp.zeros(tokens.shape, jnp.int32)
     layer = LayerInputs.build(cfg, ablation, context, tokens.shape[0])
-    shared = SharedInputs(cos, sin, segments, ablation.neuron_where, None if context is None else context.valid,
+    shared = SharedInputs(cos, sin, positions, segments, ablation.neuron_where,
+                          None if context is None else context.valid, None if context is None else context.positions,
                           None if start is None else start.layer)
     layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                      in_axes=(0, nn.broadcast), length=cfg.num_layers)(cfg, self.param_dtype, outputs, name="layers")
     x, stacked = layers(x, layer, shared)
-    hidden = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="final_norm")(x)
+    hidden = norm(cfg, self.param_dtype, "final_norm")(x)
     return ModelOutput(hidden, stacked.k, stacked.v, stacked.head_sums, stacked.neuron_sums, stacked.residual)
 
 
 def lm_logits(config: ModelConfig, params, hidden: Array) -> Array:
-  """float32 logits [..., V] for final-normed hidden states [..., D]; run it only where needed."""
+  """float32 logits [..., V] for final-normed hidden states [..., D] (soft-capped when the family caps them); run it
+  only where needed."""
   if config.tie_word_embeddings:
     kernel = params["embed"]["embedding"].T
   else:
     kernel = params["lm_head"]
-  return jnp.matmul(hidden, kernel.astype(hidden.dtype), preferred_element_type=jnp.float32)
+  logits = jnp.matmul(hidden, kernel.astype(hidden.dtype), preferred_element_type=jnp.float32)
+  if config.final_softcap is not None:
+    logits = jnp.tanh(logits / config.final_softcap) * config.final_softcap
+  return logits
