@@ -20,7 +20,7 @@ from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.models import presets
 from jaxloc.models.config import ModelConfig
-from jaxloc.models.llama import Transformer
+from jaxloc.models.decoder import Transformer
 from jaxloc.models.loading import LoadedModel
 
 # A design small enough for two CPU cores at 1B parameters: one gradient over every head, a few single-head
@@ -106,7 +106,7 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
 
   from jaxloc.bench import memory
   from jaxloc.engine import batching, generation, planner
-  from jaxloc.models.llama import Ablation
+  from jaxloc.models.decoder import Ablation
 
   sds = jax.ShapeDtypeStruct
   itemsize = jnp.dtype(dtype).itemsize

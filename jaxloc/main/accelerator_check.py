@@ -136,7 +136,7 @@ def step_parity(config: AcceleratorCheckConfig) -> dict[str, Any]:
   import numpy as np
   import transformers
 
-  from jaxloc.models.llama import Ablation, lm_logits
+  from jaxloc.models.decoder import Ablation, lm_logits
   from jaxloc.models.loading import load_model
 
   try:
