@@ -102,8 +102,8 @@ class Layouts:
   def _cost(self, shape: CallShape, chunks: int) -> float:
     """Compute per mask, in token equivalents: every padded row token (attending its row and the prefix), the
     prefix, the LM head at every padded target."""
-    row = shape.rows * shape.width * (1 + self._key_cost * (shape.width + shape.prefix)) + shape.targets * self._target_cost
-    return chunks * row + shape.prefix * (1 + self._key_cost * shape.prefix)
+    tokens = shape.rows * shape.width * (1 + self._key_cost * (shape.width + shape.prefix))
+    return chunks * (tokens + shape.targets * self._target_cost) + shape.prefix * (1 + self._key_cost * shape.prefix)
 
   def _packed(self, tokenized: scoring.TokenizedRequests, prefix_len: int
               ) -> tuple[scoring.ScoringLayout, CallShape, bool]:

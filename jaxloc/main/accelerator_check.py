@@ -294,7 +294,8 @@ def pack(directory: str) -> dict[str, Any]:
 def main(config: AcceleratorCheckConfig) -> dict[str, Any]:
   if config.list_wheels:
     for row in wheels():
-      print(f"{row['name']:18s} {row['version'] or 'absent':10s} {row['installed_mb'] or 0:6.2f} MB  {row['needed_for']}")
+      size = f"{row['installed_mb']:6.2f} MB" if row["installed_mb"] is not None else "     ? MB"
+      print(f"{row['name']:18s} {row['version'] or 'absent':10s} {size}  {row['needed_for']}")
     return {}
   if config.pack:
     report = pack(config.pack)
