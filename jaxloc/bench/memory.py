@@ -92,12 +92,12 @@ def _params(config: ModelConfig, dtype):
   return jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), tokens, tokens)["params"])
 
 
-def plan(config: ModelConfig, shape: TaskShape, dtype, memory_budget: int, tokens_per_batch: int,
-         num_masks: int = 4096) -> planner.ScoringBatches:
+def plan(config: ModelConfig, shape: TaskShape, dtype, memory_budget: int, tokens_per_batch: int
+         ) -> planner.ScoringBatches:
   """The engine's plan for `shape` with `memory_budget` bytes for one call (the question the engine's layouts ask
   its planner)."""
   plans = planner.Planner(config, memory_budget, tokens_per_batch, jnp.dtype(dtype).itemsize)
-  return plans.scoring(num_masks=num_masks, num_requests=shape.num_requests, mean_seq=shape.mean_seq,
+  return plans.scoring(num_requests=shape.num_requests, mean_seq=shape.mean_seq,
                        max_seq=batching.bucket(shape.max_seq), context=shape.context, max_targets=shape.targets)
 
 

@@ -111,7 +111,7 @@ def measure_gradient(problem: Problem, repeats: int = 2) -> dict[str, Any]:
     change = evaluator.first_order_change()
     seconds.append(time.perf_counter() - start)
   engine, c = evaluator.engine, evaluator.engine.model_config
-  per_call = engine.masks_per_call(evaluator.task.requests(evaluator.docs, engine.tokenizer), 64)
+  per_call = engine.masks_per_call(evaluator.task.requests(evaluator.docs, engine.tokenizer))
   keep = np.ones((per_call, c.num_layers, c.num_heads), np.float32)
   keep[:, 0, 0] = 0  # any masks: the cost does not depend on which heads are ablated
   evaluator.run(keep)  # compile this batch shape (usually already done)

@@ -77,9 +77,9 @@ def matmul_peak(shapes: Sequence[tuple[int, int, int]] = ((2048, 2048, 2048),), 
   return result
 
 
-def executed_flops(engine: Engine, requests: Sequence[ScoringRequest], num_masks: int) -> dict[str, float]:
+def executed_flops(engine: Engine, requests: Sequence[ScoringRequest]) -> dict[str, float]:
   """FLOPs one mask evaluation executes, padding included: weights, attention scores, LM head."""
-  layout, plan = engine.prepare(requests, num_masks)
+  layout, plan = engine.prepare(requests)
   c = engine.model_config
   per_token = c.flops_per_token(with_lm_head=False)
   prefix = len(layout.prefix)
@@ -100,14 +100,14 @@ def executed_flops(engine: Engine, requests: Sequence[ScoringRequest], num_masks
 
 def bench_jaxloc(engine: Engine, requests, masks: np.ndarray, label: str) -> dict[str, Any]:
   start = time.perf_counter()
-  warm = engine.score(requests, masks[:engine.masks_per_call(requests, len(masks))])
+  warm = engine.score(requests, masks[:engine.masks_per_call(requests)])
   compile_and_first = time.perf_counter() - start
   start = time.perf_counter()
   out = engine.score(requests, masks)
   seconds = time.perf_counter() - start
   del warm
-  flops = executed_flops(engine, requests, len(masks))
-  layout = engine.prepare(requests, len(masks))[0]
+  flops = executed_flops(engine, requests)
+  layout = engine.prepare(requests)[0]
   return {"label": label, "masks": len(masks), "seconds": seconds, "seconds_per_mask": seconds / len(masks),
           "compile_and_first_batch_seconds": compile_and_first, "gflops_per_s": flops["total"] * len(masks)
           / seconds / 1e9, "flops_per_mask": flops, "tokens_per_mask": layout.tokens_per_mask,
@@ -240,7 +240,7 @@ def _scoring_workload(engines: dict[str, Engine], requests, keep: np.ndarray, pe
   scores = {}
   for name, engine in engines.items():
     warm_start = time.perf_counter()
-    engine.score(requests, keep[:engine.masks_per_call(requests, len(keep))])
+    engine.score(requests, keep[:engine.masks_per_call(requests)])
     warm = time.perf_counter() - warm_start
     before = dataclasses.replace(engine.stats)
     start = time.perf_counter()

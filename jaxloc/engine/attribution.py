@@ -120,11 +120,11 @@ class Attribution:
   def __init__(self, shared: Shared):
     self.shared = shared
     module, config, dtype = shared.module, shared.model_config, shared.placement.dtype
-    self._objective_fn = jax.jit(functools.partial(mask_objective_and_grad, module, config, dtype=dtype),
-                                 static_argnames=("retained",))
-    self._attribution_fn = jax.jit(functools.partial(neuron_integrated_gradients, module, config, dtype=dtype),
-                                   static_argnames=("steps",))
-    self._sums_fn = jax.jit(functools.partial(unit_sums, module, dtype=dtype))
+    self._objective_fn = shared.jit(functools.partial(mask_objective_and_grad, module, config, dtype=dtype),
+                                    static_argnames=("retained",))
+    self._attribution_fn = shared.jit(functools.partial(neuron_integrated_gradients, module, config, dtype=dtype),
+                                      static_argnames=("steps",))
+    self._sums_fn = shared.jit(functools.partial(unit_sums, module, dtype=dtype))
     self.jitted = (self._objective_fn, self._attribution_fn, self._sums_fn)
 
   def mask_objective(self, requests: Sequence[ScoringRequest], head_masks=None, weights: Sequence[float] | None = None,
@@ -143,7 +143,10 @@ class Attribution:
     masks = check_masks(shared.model_config, head_masks, neuron_masks)
     if masks.heads is not None and masks.neurons is not None:
       raise UserError("mask_objective differentiates in one kind of mask: give head masks or neuron masks")
-    lay, plan = shared.layouts.prepare(requests, len(masks))
+    lay, plan = shared.layouts.prepare(requests)
+    # A backward pass keeps every layer's activations: no more masks per call than given (a power of two, so that
+    # callers with varying counts share a handful of shapes), at most the layout's.
+    per_call = min(plan.masks_per_call, batching.bucket_pow2(len(masks)))
     weights = np.full(len(requests), 1.0 / len(requests)) if weights is None else np.asarray(weights, np.float64)
     offsets = np.zeros(len(requests)) if offsets is None else np.asarray(offsets, np.float64)
     for name, given in (("weight", weights), ("offset", offsets)):
@@ -162,12 +165,14 @@ class Attribution:
       split = len(chunk.rows.tokens) % place.data_parallel == 0  # token rows over the data axis when they divide
       rows = place.rows(chunk.rows, place.split(2) if split else place.replicated)
       per_slot = [place.put(a) for a in per_slot]
-      for begin in range(0, len(masks), plan.masks_per_call):
-        batch = masks.rows(slice(begin, begin + plan.masks_per_call))
-        value, head_grad, neuron_grad = self._objective_fn(place.params, place.ablation(batch, fill, place.replicated),
-                                                           prefix, rows, *per_slot, retained=retained)
-        values[begin:begin + len(batch)] += to_host(value)
-        grads[begin:begin + len(batch)] += to_host(head_grad if masks.heads is not None else neuron_grad)
+      for begin in range(0, len(masks), per_call):
+        batch = masks.rows(slice(begin, begin + per_call))
+        real = len(batch)
+        value, head_grad, neuron_grad = self._objective_fn(
+            place.params, place.ablation(batch.padded(per_call), fill, place.replicated), prefix, rows, *per_slot,
+            retained=retained)
+        values[begin:begin + real] += to_host(value)[:real]
+        grads[begin:begin + real] += to_host(head_grad if masks.heads is not None else neuron_grad)[:real]
     return values, grads
 
   def neuron_attribution(self, requests: Sequence[ScoringRequest], steps: int = 20, neuron_fill=None,
@@ -184,8 +189,8 @@ class Attribution:
     rows = shared.planner.attribution_rows(
         suffix=batching.bucket(max(len(s) for s in tokenized.sequences) - prefix_len), context=prefix_len,
         targets=int(tokenized.num_targets.max()), steps=steps, num_requests=len(requests))
-    lay = scoring.layout(tokenized, scoring.arrange(tokenized, prefix_len, pack=False)[0], rows, prefix_len,
-                         shared.pad_id)
+    one_per_row, width = scoring.arrange(tokenized, prefix_len, pack=False)
+    lay = scoring.layout(tokenized, one_per_row, rows, prefix_len, shared.pad_id, width)  # one width: one compile
     prefix = place.prefix(lay.prefix)
     fill = place.fills(check_fills(c, None, neuron_fill)).neurons
     out = np.zeros((len(requests), c.num_layers, c.intermediate_size), np.float32)
@@ -211,9 +216,9 @@ class Attribution:
     neuron_total = np.zeros((c.num_layers, c.intermediate_size), np.float64)
     count = 0
     rows = shared.planner.sum_rows(np.mean([len(s) for s in tokenized.sequences]))
+    width = batching.bucket(max(len(s) for s in tokenized.sequences))  # one width for every call: one compile
     for begin in range(0, len(order), rows):
       members = order[begin:begin + rows]
-      width = batching.bucket(max(len(tokenized.sequences[i]) for i in members))
       tokens = np.full((1, rows, width), shared.pad_id, np.int32)
       segments = np.full((1, rows, width), -1, np.int32)  # one segment per row; -1 on padding
       for row, i in enumerate(members):

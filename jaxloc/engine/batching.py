@@ -1,9 +1,15 @@
-"""Shapes: sizes round up to a short ladder, so that a run compiles a handful of times (the memory side of cutting
-work into calls is `planner.py`)."""
+"""Shapes: sizes round up to short ladders, so that a run compiles a handful of times (which compiled shape a request
+set takes is `layouts.py`; the memory side of cutting work into calls is `planner.py`)."""
 
 from __future__ import annotations
 
 import math
+
+
+def _steps_per_doubling(n: int, steps: int) -> int:
+  """n rounded up to one of `steps` evenly spaced sizes between the powers of two around it."""
+  step = max(1, 2 ** (int(math.log2(n - 1)) - int(math.log2(steps))))
+  return -(-n // step) * step
 
 
 def bucket(n: int, minimum: int = 8) -> int:
@@ -16,8 +22,25 @@ def bucket(n: int, minimum: int = 8) -> int:
     return minimum
   if n <= 64:
     return -(-n // 8) * 8
-  step = 2 ** (int(math.log2(n - 1)) - 2)
-  return -(-n // step) * step
+  return _steps_per_doubling(n, 4)
+
+
+def bucket_count(n: int) -> int:
+  """Rounds a count of rows up to a short ladder: exact to 8, then 4 steps per doubling (10, 12, 14, 16, 20, ...):
+  at most 25% padding, and request sets of nearly the same size (a task's identification and held-out documents)
+  land on the same size."""
+  n = max(n, 1)
+  return n if n <= 8 else _steps_per_doubling(n, 4)
+
+
+def bucket_coarse(n: int) -> int:
+  """Rounds a prompt width up to a coarser ladder than `bucket`: multiples of 16 to 64, then 2 steps per doubling
+  (96, 128, 192, 256, ...). Generation compiles one loop per width, and prompts of one task spread over many of
+  `bucket`'s sizes."""
+  n = max(n, 1)
+  if n <= 64:
+    return max(16, -(-n // 16) * 16)
+  return _steps_per_doubling(n, 2)
 
 
 def bucket_pow2(n: int) -> int:

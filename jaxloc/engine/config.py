@@ -39,3 +39,7 @@ class EngineConfig:
       "choices": ("auto", "float32", "bfloat16"),
       "help": "Activation dtype (residual stream and matmul inputs); auto = --dtype. float32 with --dtype=bfloat16 "
               "keeps bfloat16 weights in memory and computes in float32."})
+  compilation_cache: str = dataclasses.field(default="", metadata={
+      "help": "JAX's persistent compilation cache, so that a rerun or a resumed run compiles nothing new: a directory; "
+              "empty = compilation/ in the jaxloc cache ($JAXLOC_CACHE or ~/.cache/jaxloc); 'none' turns it off. "
+              "It is one setting for the whole process."})

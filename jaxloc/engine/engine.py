@@ -14,7 +14,8 @@ ablated) convert with `keep = 1 - ablated`.
 `Engine` is a facade over one job per module, sharing one `Shared` (placement, planner, caches, stats):
 scoring (`scorer.py`), generation (`generator.py`) and attribution (`attribution.py`: the mask objective,
 integrated gradients, mean-ablation statistics). Everything per call is one jitted function; shapes are bucketed
-(`batching.py`) so a run compiles a handful of times, and `compile_count` reports how many. Short requests are packed
+(`batching.py`) and shared between request sets (`layouts.py`) so a run compiles a handful of times, and
+`compile_count` and `compile_time` report how many and how long. Short requests are packed
 several to a row (`scoring.arrange`), and masks are grouped by the first layer they ablate: a batch starts there from
 the unablated model's residual streams, kept per request set within the residual cache (generation rows likewise
 share their prompts' unablated prefill below that layer). Every "how many fit" comes from one planner (`planner.py`).
@@ -27,6 +28,7 @@ import numpy as np
 
 from jaxloc.engine import mesh as mesh_lib
 from jaxloc.engine.attribution import Attribution
+from jaxloc.engine.compilation import CompileTime
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.generator import Generator
 from jaxloc.engine.masks import Masks, start_layers
@@ -103,7 +105,13 @@ class Engine:
   def compile_count(self) -> int:
     """Distinct compiled shapes so far, over all of the engine's jitted functions."""
     jitted = self.scorer.jitted + self.generator.jitted + self.attribution.jitted
-    return sum(fn._cache_size() for fn in jitted)  # noqa: SLF001
+    return sum(fn.compiled_shapes() for fn in jitted)
+
+  @property
+  def compile_time(self) -> CompileTime:
+    """Seconds the engine's jitted functions spent compiling so far, and executables read back from the persistent
+    compilation cache instead (`compilation.py`)."""
+    return self.shared.stats.compile
 
   def start_layers(self, masks: Masks) -> np.ndarray:
     """First layer each mask ablates anything in (int [M]; num_layers for a mask that ablates nothing)."""

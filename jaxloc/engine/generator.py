@@ -33,9 +33,9 @@ class Generator:
   def __init__(self, shared: Shared):
     self.shared = shared
     module, config, dtype = shared.module, shared.model_config, shared.placement.dtype
-    self._generate_fn = jax.jit(functools.partial(generation.greedy_generate, module, config, dtype=dtype),
-                                static_argnames=("max_new_tokens", "pad_id"))
-    self._streams_fn = jax.jit(functools.partial(generation.prompt_streams, module, dtype=dtype))
+    self._generate_fn = shared.jit(functools.partial(generation.greedy_generate, module, config, dtype=dtype),
+                                   static_argnames=("max_new_tokens", "pad_id"))
+    self._streams_fn = shared.jit(functools.partial(generation.prompt_streams, module, dtype=dtype))
     self.jitted = (self._generate_fn, self._streams_fn)
     self._stop_cache: dict = {}
     self._token_strings: list[str] | None = None
@@ -73,7 +73,7 @@ class Generator:
     eos_ids = place.put(np.asarray(self._eos_ids(), np.int32))
     max_new_bucket = batching.bucket_pow2(max_new)
     longest = max(len(prompt_ids[i]) for _, i in pairs)
-    batch = shared.planner.generation_rows(batching.bucket(longest), max_new_bucket, len(pairs))
+    batch = shared.planner.generation_rows(batching.bucket_coarse(longest), max_new_bucket, len(pairs))
     rows1, rows2, rows3 = (place.split(n) for n in (1, 2, 3))
     starts = (start_layers(shared.model_config, masks) if shared.planner.residual_cache
               else np.zeros(len(masks), np.int64))
@@ -86,7 +86,7 @@ class Generator:
       by_start = sorted(pairs, key=lambda pair: starts[pair[0]])
       order = min((pairs, by_start), key=lambda o: self._prefill_cost(o, prompt_ids, starts, batch))
       distinct = sorted({i for _, i in pairs})
-      shared_cost = (len(distinct) * batching.bucket(max(len(prompt_ids[i]) for i in distinct)) * num_layers
+      shared_cost = (len(distinct) * batching.bucket_coarse(max(len(prompt_ids[i]) for i in distinct)) * num_layers
                      + self._prefill_cost(order, prompt_ids, starts, batch))
       if shared_cost < self._prefill_cost(pairs, prompt_ids, np.zeros_like(starts), batch):
         streams = self._prompt_streams(prompt_ids, distinct)
@@ -96,7 +96,7 @@ class Generator:
     for begin in range(0, len(pairs), batch):
       start = time.perf_counter()
       chunk = pairs[begin:begin + batch]
-      width = batching.bucket(max(len(prompt_ids[i]) for _, i in chunk))
+      width = batching.bucket_coarse(max(len(prompt_ids[i]) for _, i in chunk))
       prompt = np.full((batch, width), pad_id, np.int32)
       valid = np.zeros((batch, width), bool)
       for row in range(batch):  # rows past the chunk repeat its first prompt (inactive, never read)
@@ -106,7 +106,7 @@ class Generator:
       row_masks = masks.rows(np.array([m for m, _ in chunk], np.int64)).padded(batch)
       layer = min(int(min(starts[m] for m, _ in chunk)), num_layers - 1)
       resume = None
-      if streams is not None and layer > 0:
+      if streams is not None:  # even at layer 0: one compiled variant for every batch of these pairs
         row_prompt = np.array([prompts[(chunk[row] if row < len(chunk) else chunk[0])[1]] for row in range(batch)],
                               np.int32)
         resume = (place.put(np.int32(layer)), place.put(row_prompt, rows1), streams)
@@ -130,24 +130,26 @@ class Generator:
     for begin in range(0, len(pairs), batch):
       chunk = pairs[begin:begin + batch]
       layer = min(int(min(starts[m] for m, _ in chunk)), num_layers - 1)
-      cost += batch * batching.bucket(max(len(prompt_ids[i]) for _, i in chunk)) * (num_layers - layer)
+      cost += batch * batching.bucket_coarse(max(len(prompt_ids[i]) for _, i in chunk)) * (num_layers - layer)
     return cost
 
   def _prompt_streams(self, prompt_ids, distinct: list[int]):
     """The unablated prefill (`generation.prompt_streams`) of the prompts `distinct`, left-padded to one width, when
-    it fits the residual cache: ({prompt: row}, device arrays); else None."""
+    it fits the residual cache: ({prompt: row}, device arrays); else None. Rows pad to a power of two (repeating the
+    first prompt), so that prompt sets of similar sizes share a compiled shape."""
     shared, place = self.shared, self.shared.placement
-    width = batching.bucket(max(len(prompt_ids[i]) for i in distinct))
-    size = shared.planner.prompt_stream_bytes(len(distinct), width)
+    width = batching.bucket_coarse(max(len(prompt_ids[i]) for i in distinct))
+    size = shared.planner.prompt_stream_bytes(batching.bucket_pow2(len(distinct)), width)
     if not shared.planner.fits_residual_cache(size):
       log.warning("the unablated prefill of %d prompts needs %.2f GiB, over the residual cache of %.2f GiB: every "
                   "generation row starts at layer 0 (raise --residual_cache_gb to share it)", len(distinct),
                   size / GIB, shared.planner.residual_cache / GIB)
       return None
-    prompt = np.full((len(distinct), width), shared.pad_id, np.int32)
-    valid = np.zeros((len(distinct), width), bool)
-    for row, i in enumerate(distinct):
-      ids = list(prompt_ids[i])[-width:]
+    rows = batching.bucket_pow2(len(distinct))
+    prompt = np.full((rows, width), shared.pad_id, np.int32)
+    valid = np.zeros((rows, width), bool)
+    for row in range(rows):
+      ids = list(prompt_ids[distinct[row] if row < len(distinct) else distinct[0]])[-width:]
       prompt[row, width - len(ids):] = ids
       valid[row, width - len(ids):] = True
     start = time.perf_counter()

@@ -162,31 +162,28 @@ class Planner:
   def activation_bytes(self, masks: int, requests: int, seq: int, context: int, targets: int) -> int:
     return activation_bytes(self.model, masks, requests, seq, context, targets, self.dtype_bytes)
 
-  def scoring(self, *, num_masks: int, num_requests: int, mean_seq: float, max_seq: int, context: int,
+  def scoring(self, *, num_requests: int, mean_seq: float, max_seq: int, context: int,
               max_targets: int) -> ScoringBatches:
     """Masks and requests per call: fill `tokens_per_batch` rows, then shrink until within the call budget.
 
     Whole request sets go into one call when they fit (the shared prefix is then computed once per mask
     per call); the masks axis absorbs the remaining rows. Masks per call is a multiple of the data-parallel
-    size when there are enough masks to shard over it.
+    size, and does not depend on how many masks a caller has: every call of a layout pads to it, so a baseline,
+    a validation curve and a design batch share one compiled shape (the padding costs at most one call).
     """
     parallel = self.data_parallel
     mean_seq = max(mean_seq, 1.0)
     requests = min(num_requests, max(1, int(self.tokens_per_batch // mean_seq)))
     masks = max(1, int(self.tokens_per_batch // (requests * mean_seq)))
-    # A small ladder of shapes: fewer masks than a full call round up to a power of two, so the baseline (1),
-    # validation curves (k + 1) and single-head checks reuse a handful of compiled shapes whatever k is.
-    masks = min(masks, bucket_pow2(num_masks))
-    if num_masks >= parallel:
-      masks = max(parallel, masks // parallel * parallel)
+    masks = max(parallel, masks // parallel * parallel)
     targets = bucket_pow2(max_targets)
 
     def cost(m, r):
       return self.activation_bytes(m, r, max_seq, context, targets)
 
     while cost(masks, requests) > self.call_budget:
-      if masks > parallel and masks > 1:
-        masks = max(parallel if num_masks >= parallel else 1, masks // 2)
+      if masks > parallel:
+        masks = max(parallel, masks // 2 // parallel * parallel)
       elif requests > 1:
         requests = max(1, requests // 2)
       else:
@@ -195,10 +192,11 @@ class Planner:
                         f"{self.call_budget / GIB:.2f} GiB; raise --memory_budget_gb or shorten the prompts")
     return ScoringBatches(masks, requests, cost(masks, requests))
 
-  def generation_rows(self, prompt_len: int, max_new: int, pairs: int) -> int:
+  def generation_rows(self, prompt_len: int, max_new: int, pairs: int, platform: str | None = None) -> int:
     """Rows of one generation call for `pairs` (mask, prompt) rows: each holds a key/value cache of the prompt and
-    its new tokens, and the prefill's activations (capped at 64 rows on CPUs, 256 on accelerators); a multiple of the
-    data-parallel size."""
+    its new tokens, and the prefill's activations (capped at 64 rows on CPUs, 256 on accelerators; `platform`
+    names the one whose cap applies, default this machine's); at most the power of two at or above `pairs` (a
+    handful of shapes whatever the count); a multiple of the data-parallel size."""
     if self.generation_batch:
       batch = self.generation_batch
     else:
@@ -206,8 +204,8 @@ class Planner:
       cache = c.num_layers * (prompt_len + max_new) * c.num_kv_heads * c.head_dim * 2 * self.dtype_bytes
       prefill = self.activation_bytes(1, 1, prompt_len, 0, 1)
       batch = max(1, int(self.budget // (cache + prefill)))
-      batch = min(batch, 256 if jax.devices()[0].platform != "cpu" else 64)
-    batch = min(batch, max(pairs, 1))
+      batch = min(batch, 256 if (platform or jax.devices()[0].platform) != "cpu" else 64)
+    batch = min(batch, bucket_pow2(pairs))
     return max(self.data_parallel, -(-batch // self.data_parallel) * self.data_parallel)
 
   def attribution_rows(self, *, suffix: int, context: int, targets: int, steps: int, num_requests: int) -> int:

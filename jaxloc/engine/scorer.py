@@ -7,6 +7,7 @@ The compiled kernels are `scoring.py`'s; the layouts and call sizes come from th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -31,9 +32,9 @@ class Scorer:
   def __init__(self, shared: Shared):
     self.shared = shared
     module, config, dtype = shared.module, shared.model_config, shared.placement.dtype
-    self._prefix_fn = jax.jit(functools.partial(scoring.prefix_context, module, dtype=dtype))
-    self._score_fn = jax.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
-    self._residuals_fn = jax.jit(functools.partial(scoring.unablated_residuals, module, dtype=dtype))
+    self._prefix_fn = shared.jit(functools.partial(scoring.prefix_context, module, dtype=dtype))
+    self._score_fn = shared.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
+    self._residuals_fn = shared.jit(functools.partial(scoring.unablated_residuals, module, dtype=dtype))
     self.jitted = (self._prefix_fn, self._score_fn, self._residuals_fn)
     self._too_big: set = set()  # request sets whose streams did not fit the residual cache (warned once)
 
@@ -57,7 +58,11 @@ class Scorer:
     shared.residuals.make_room(size)
     start = time.perf_counter()
     prefix = place.prefix(lay.prefix)
-    streams = [self._residuals_fn(place.params, prefix, rows) for _, rows in chunks]
+    # Without the targets, which the streams do not read: request sets that differ only in their targets share one
+    # compiled shape (jit keys on every argument, used or not).
+    streams = [self._residuals_fn(place.params, prefix, dataclasses.replace(rows, target_pos=None, target_ids=None,
+                                                                            target_slots=None))
+               for _, rows in chunks]
     shared.residuals.put(key, streams, size)
     shared.stats.calls += len(chunks)
     shared.stats.seconds += time.perf_counter() - start
@@ -69,11 +74,11 @@ class Scorer:
 
     Masks are evaluated grouped by the first layer they ablate (a stable sort, so masks already in that order keep
     it): a batch starts at its lowest first ablated layer, from the unablated residual streams, when they fit the
-    residual cache."""
+    residual cache. Every call takes the layout's number of masks (the last is padded with unablated ones)."""
     shared, place, stats = self.shared, self.shared.placement, self.shared.stats
     config = shared.model_config
     masks = check_masks(config, head_masks, neuron_masks)
-    lay, plan = shared.layouts.prepare(requests, len(masks))
+    lay, plan = shared.layouts.prepare(requests)
     fill = place.fills(check_fills(config, head_fill, neuron_fill))
     per_call = plan.masks_per_call
     shard_masks = per_call % place.data_parallel == 0
@@ -81,10 +86,9 @@ class Scorer:
     row_sharding = place.replicated if shard_masks else place.split(2)
     prefix = place.prefix(lay.prefix)
     chunks = [(chunk, place.rows(chunk.rows, row_sharding)) for chunk in lay.chunks]
-    starts = (start_layers(config, masks) if shared.planner.residual_cache else np.zeros(len(masks), np.int64))
-    streams = self._residual_streams(requests, lay, chunks) if starts.max() > 0 else None
-    if streams is None:
-      starts = np.zeros(len(masks), np.int64)
+    # With a residual cache every batch resumes from the streams, even at layer 0: one compiled variant per shape.
+    streams = self._residual_streams(requests, lay, chunks) if shared.planner.residual_cache else None
+    starts = start_layers(config, masks) if streams is not None else np.zeros(len(masks), np.int64)
     order = np.argsort(starts, kind="stable")
     num_layers = config.num_layers
 

@@ -199,7 +199,7 @@ class ScoringLayout:
     return len(self.prefix) + sum(c.rows.tokens.size for c in self.chunks)
 
 
-def _first_fit(lengths: np.ndarray, width: int) -> list[list[int]]:
+def first_fit(lengths: np.ndarray, width: int) -> list[list[int]]:
   """Requests (indices) into rows of `width` tokens, longest first, each into the first row with room."""
   rows: list[list[int]] = []
   free = np.zeros(len(lengths), np.int64)  # room left in each row opened so far (at most one row per request)
@@ -232,21 +232,33 @@ def arrange(tokenized: TokenizedRequests, prefix_len: int, pack: bool, key_cost:
     return len(rows) * width * (1 + key_cost * (width + prefix_len))
 
   widths = sorted({bucket(min(int(np.ceil(longest * k)), max(longest, MAX_PACK_WIDTH))) for k in PACK_WIDTHS})
-  options = [(width, _first_fit(lengths, width)) for width in widths]
+  options = [(width, first_fit(lengths, width)) for width in widths]
   width, rows = min(options, key=lambda option: cost(*option))
   return rows, width
 
 
+def chunk_sizes(tokenized: TokenizedRequests, rows: list[list[int]], rows_per_chunk: int) -> tuple[int, int]:
+  """The most slots (requests) and continuation tokens any chunk of `rows_per_chunk` rows holds."""
+  groups = [rows[begin:begin + rows_per_chunk] for begin in range(0, len(rows), rows_per_chunk)]
+  return (max(sum(len(r) for r in group) for group in groups),
+          max(sum(int(tokenized.num_targets[i]) for r in group for i in r) for group in groups))
+
+
 def layout(tokenized: TokenizedRequests, rows: list[list[int]], rows_per_chunk: int, prefix_len: int, pad_id: int,
-           width: int | None = None) -> ScoringLayout:
+           width: int | None = None, *, slots: int | None = None, targets: int | None = None) -> ScoringLayout:
   """Cuts `rows` (from `arrange`) into chunks of `rows_per_chunk` rows. Every chunk has `width` columns when given
-  (packed rows), else the bucketed width of its longest row; slots and targets pad to one size per layout."""
+  (packed rows), else the bucketed width of its longest row; slots and targets pad to one size per layout: `slots`
+  and `targets` when given (a compiled shape's, at least what the chunks hold), else what the fullest chunk holds
+  (targets bucketed)."""
   prefix = tokenized.sequences[0][:prefix_len] if prefix_len else np.zeros((0,), np.int32)
   suffixes = [seq[prefix_len:] for seq in tokenized.sequences]
   inputs = [suffix[:-1] for suffix in suffixes]  # a request's last token predicts nothing: it is never computed
   groups = [rows[begin:begin + rows_per_chunk] for begin in range(0, len(rows), rows_per_chunk)]
-  num_slots = max(sum(len(r) for r in group) for group in groups)
-  num_targets = bucket(max(sum(int(tokenized.num_targets[i]) for r in group for i in r) for group in groups))
+  most_slots, most_targets = chunk_sizes(tokenized, rows, rows_per_chunk)
+  num_slots = slots or most_slots
+  num_targets = targets or bucket(most_targets)
+  if num_slots < most_slots or num_targets < most_targets:
+    raise ValueError(f"chunks hold {most_slots} slots and {most_targets} targets, over {num_slots} and {num_targets}")
   chunks = []
   for group in groups:
     seq_len = width or bucket(max(sum(len(inputs[i]) for i in r) for r in group))

@@ -283,7 +283,7 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
   method = methods.get(settings.method)
   timing: dict[str, float] = {}
   start = time.perf_counter()
-  compiled_before = engine.compile_count
+  compiled_before, compile_before = engine.compile_count, dataclasses.replace(engine.compile_time)
   c = engine.model_config
   check_layout(settings, tasks, c)
   unit = settings.unit
@@ -363,6 +363,10 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
   payload.update(num_layers=c.num_layers, timing=timing,
                  design=None if design is None else design.facts(lambda h: unit_name(*divmod(int(h), per_layer), unit)),
                  engine={"compilations": engine.compile_count - compiled_before,
+                         # tracing, lowering and XLA compiling (or reading a persistent-cache hit back), in seconds
+                         "compile_seconds": engine.compile_time.seconds - compile_before.seconds,
+                         "xla_compile_seconds": engine.compile_time.backend_seconds - compile_before.backend_seconds,
+                         "compile_cache_hits": engine.compile_time.cache_hits - compile_before.cache_hits,
                          "seconds_per_mask": timing.get("seconds_per_mask"), "dtype": np.dtype(engine.model.dtype).name,
                          "activation_dtype": np.dtype(engine.dtype).name,
                          "devices": engine.mesh.size, "processes": jax.process_count()})

@@ -69,7 +69,7 @@ def finetune(engine, requests, neurons: Sequence[tuple[int, int]], *, steps: int
   if steps < 1 or learning_rate <= 0:
     raise UserError(f"fine-tuning needs steps ≥ 1 and a positive learning rate, got {steps} and {learning_rate}")
   c = engine.model_config
-  lay, _ = engine.prepare(requests, 1)
+  lay, _ = engine.prepare(requests)
   replicated = mesh_lib.replicated(engine.mesh)
   prefix = mesh_lib.put(lay.prefix, replicated) if len(lay.prefix) else None
   ablation = Ablation(head_mask=mesh_lib.put(np.ones((1, c.num_layers, c.num_heads), engine.dtype), replicated))

@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
       scores = engine.score(requests, masks)
       texts = engine.generate([GenerationRequest("Once upon", max_new_tokens=5)], masks[:3])
       out[name] = {"logprob": scores.logprob.tolist(), "greedy": scores.is_greedy.tolist(), "texts": texts,
-                   "masks_per_call": engine.masks_per_call(requests, len(masks))}
+                   "masks_per_call": engine.masks_per_call(requests)}
     print("RESULT" + json.dumps(out))
 """)
 

@@ -70,7 +70,7 @@ def test_scores_equal_each_sequence_computed_alone(tiny_gemma3):
   reqs = requests(9, seed=1)
   masks = random_masks(tiny_gemma3.config, 3, seed=1)
   engine = Engine(tiny_gemma3)
-  layout, _ = engine.prepare(reqs, len(masks))
+  layout, _ = engine.prepare(reqs)
   assert len(layout.prefix) > 4 * tiny_gemma3.config.sliding_window
   assert any(len(set(row[row >= 0])) > 1 for c in layout.chunks for row in c.rows.segments)  # rows hold several
   out = engine.score(reqs, masks)
@@ -90,7 +90,7 @@ def test_packed_rows_score_as_one_request_per_row(tiny_gemma3, shared):
   reqs = requests(17, seed=2, shared=shared)
   masks = random_masks(tiny_gemma3.config, 4, seed=2)
   packed = Engine(tiny_gemma3, EngineConfig(residual_cache_gb=0))
-  layout, _ = packed.prepare(reqs, len(masks))
+  layout, _ = packed.prepare(reqs)
   assert any(len(set(row[row >= 0])) > 1 for c in layout.chunks for row in c.rows.segments)
   a = packed.score(reqs, masks)
   b = Engine(tiny_gemma3, EngineConfig(pack=False, residual_cache_gb=0)).score(reqs, masks)

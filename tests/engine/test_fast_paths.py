@@ -39,14 +39,14 @@ def test_packed_rows_score_as_one_request_per_row(tiny_model, shared):
   rng = np.random.default_rng(0)
   masks = (rng.random((5, tiny_model.config.num_layers, tiny_model.config.num_heads)) > 0.3).astype(np.float32)
   packed = Engine(tiny_model, EngineConfig(residual_cache_gb=0))
-  layout, _ = packed.prepare(requests, len(masks))
+  layout, _ = packed.prepare(requests)
   assert max(int((c.rows.segments >= 0).sum(1).max()) for c in layout.chunks) > 0
   assert any(len(set(row[row >= 0])) > 1 for c in layout.chunks for row in c.rows.segments)  # rows hold several
   unpacked = Engine(tiny_model, EngineConfig(pack=False, residual_cache_gb=0))
   a, b = packed.score(requests, masks), unpacked.score(requests, masks)
   assert np.abs(a.logprob - b.logprob).max() < 1e-4
   assert np.array_equal(a.is_greedy, b.is_greedy)
-  assert layout.padded_tokens_per_mask < unpacked.prepare(requests, len(masks))[0].padded_tokens_per_mask
+  assert layout.padded_tokens_per_mask < unpacked.prepare(requests)[0].padded_tokens_per_mask
 
 
 def test_packing_fills_rows_first_fit():
@@ -81,7 +81,7 @@ def test_start_layer_matches_full_computation(tiny_model):
   # A few masks per call, so batches can start at different layers.
   fast = Engine(tiny_model, EngineConfig(tokens_per_batch=100))
   full = Engine(tiny_model, EngineConfig(tokens_per_batch=100, residual_cache_gb=0))
-  assert fast.masks_per_call(requests, len(masks)) < len(masks) // 3
+  assert fast.masks_per_call(requests) < len(masks) // 3
   a, b = fast.score(requests, masks), full.score(requests, masks)
   assert np.abs(a.logprob - b.logprob).max() < 1e-4
   assert np.array_equal(a.is_greedy, b.is_greedy)

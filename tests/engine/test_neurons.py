@@ -108,7 +108,7 @@ def test_integrated_gradients_are_complete(tiny_model):
   nothing."""
   requests = few_shot_requests(6, seed=5) + [ScoringRequest("Question: What is 7 plus 1?\nAnswer:", " 8 and 1")]
   shared = Engine(tiny_model, EngineConfig(share_prefix=True))
-  assert len(shared.prepare(requests, 1)[0].prefix) > 0
+  assert len(shared.prepare(requests)[0].prefix) > 0
   attribution = shared.neuron_attribution(requests, steps=64)
   assert attribution.shape == (len(requests), 3, 64)
   unshared = Engine(tiny_model, EngineConfig(share_prefix=False)).neuron_attribution(requests, steps=64)

@@ -29,7 +29,7 @@ def test_shared_prefix_equals_unshared(tiny_model):
   requests = few_shot_requests(12)
   masks = random_masks(tiny_model.config, 5)
   shared = Engine(tiny_model, EngineConfig(share_prefix=True))
-  assert len(shared.prepare(requests, 5)[0].prefix) > 20
+  assert len(shared.prepare(requests)[0].prefix) > 20
   a = shared.score(requests, masks)
   b = Engine(tiny_model, EngineConfig(share_prefix=False)).score(requests, masks)
   assert np.abs(a.logprob - b.logprob).max() < 1e-4
@@ -41,7 +41,7 @@ def test_mask_batch_equals_masks_one_at_a_time(tiny_model):
   requests = few_shot_requests(7, seed=1)
   masks = random_masks(tiny_model.config, 6, seed=1)
   engine = Engine(tiny_model, EngineConfig(tokens_per_batch=100_000))
-  assert engine.masks_per_call(requests, len(masks)) == 8  # 6 masks ride one call, padded to the ladder's 8
+  assert engine.masks_per_call(requests) >= 6  # 6 masks ride one call (padded to the layout's masks per call)
   batched = engine.score(requests, masks)
   one_at_a_time = Engine(tiny_model)
   single = np.stack([one_at_a_time.score(requests, m[None]).logprob[0] for m in masks])
@@ -174,24 +174,25 @@ def test_request_chunks_are_balanced(tiny_model):
   """100 requests that do not fit one call are cut into equal chunks, not 97 + a padded 3."""
   requests = few_shot_requests(100, seed=5)
   engine = Engine(tiny_model, EngineConfig(share_prefix=False, pack=False, tokens_per_batch=2000))
-  layout, _ = engine.prepare(requests, 1)
+  layout, _ = engine.prepare(requests)
   sizes = [int((c.index >= 0).sum()) for c in layout.chunks]
   assert len(sizes) > 1 and max(sizes) - min(sizes) <= 1
   assert all(c.rows.tokens.shape[0] == layout.chunks[0].rows.tokens.shape[0] for c in layout.chunks)
 
 
-def test_masks_per_call_come_from_a_small_ladder(tiny_model):
-  """Fewer masks than a full call round up to a power of two (capped at the full call), so a run's baseline,
-  validation curves and single-head checks reuse a few compiled shapes whatever their counts."""
-  from jaxloc.engine.planner import Planner
-
-  planner = Planner(tiny_model.config, budget=1 << 30, tokens_per_batch=80 * 24, dtype_bytes=4)
-  plans = {m: planner.scoring(num_masks=m, num_requests=10, mean_seq=8.0, max_seq=8, context=0,
-                              max_targets=2).masks_per_call for m in range(1, 40)}
-  full = plans[39]
-  assert full == 24
-  assert set(plans.values()) == {1, 2, 4, 8, 16, 24}
-  assert all(plans[m] >= min(m, full) for m in plans)
+def test_every_call_of_a_layout_takes_one_number_of_masks(tiny_model):
+  """Masks per call are the layout's, whatever the caller has: a baseline, a validation curve, single-head checks
+  and a design batch pad to one compiled shape (and padding changes no score)."""
+  requests = few_shot_requests(10, seed=3)
+  masks = random_masks(tiny_model.config, 30, seed=3)
+  engine = Engine(tiny_model, EngineConfig(tokens_per_batch=80 * 24))
+  per_call = engine.masks_per_call(requests)
+  assert 1 < per_call < len(masks)
+  full = engine.score(requests, masks).logprob
+  compiled = engine.compile_count
+  for count in (1, 2, 5, per_call + 1):
+    assert np.abs(engine.score(requests, masks[:count]).logprob - full[:count]).max() < 1e-5
+  assert engine.compile_count == compiled
 
 
 def test_float32_activations_over_bfloat16_weights(tiny_model):

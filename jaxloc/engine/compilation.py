@@ -1,0 +1,149 @@
+"""What compiling costs an engine, and JAX's persistent compilation cache that makes a rerun compile nothing new.
+
+At 1B-8B parameters on an accelerator one compile takes tens of seconds, so the number of distinct shapes a run
+compiles (`Engine.compile_count`) and the seconds spent on them are first-order costs. Each of the engine's jitted
+functions is a `Jitted`: calling it makes that engine's `CompileTime` the one JAX's compile events are charged to
+(tracing, lowering to MLIR, and the XLA compile or, on a persistent-cache hit, reading the executable back), so two
+engines in one process keep their own accounts. The events are JAX's monitoring events (`jax.monitoring`); a compile
+happens synchronously inside the call that needs it, before the computation is dispatched.
+
+The persistent cache (`use_persistent_cache`) is JAX's own (`jax_compilation_cache_dir`), kept under the jaxloc cache
+directory in one folder per backend and processor (an executable compiled for one CPU's instruction set must not be
+loaded on another's): a rerun or a resumed run reads its executables back instead of compiling them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+import jax
+
+log = logging.getLogger(__name__)
+
+# JAX's monitoring events of one compile: tracing to a jaxpr, lowering to MLIR, the XLA compile (or, with the
+# persistent cache, its lookup and, on a hit, the executable read back instead of compiled).
+TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+LOWER_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+BACKEND_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+# Above this size the cache drops its least recently used executables (JAX needs `filelock` to bound it).
+CACHE_MAX_BYTES = 4 * 1024**3
+
+
+@dataclasses.dataclass
+class CompileTime:
+  """Seconds one engine's jitted functions spent compiling, and how many executables came from the persistent
+  cache instead of the compiler."""
+
+  seconds: float = 0.0  # tracing + lowering + XLA compile (or reading a cached executable)
+  backend_seconds: float = 0.0  # the XLA part alone
+  cache_hits: int = 0
+
+
+_charged = threading.local()  # .time: the CompileTime that compile events on this thread go to (None: nobody's)
+_listening = False
+_listening_lock = threading.Lock()
+
+
+def _on_duration(event: str, duration: float, **_: Any) -> None:
+  time = getattr(_charged, "time", None)
+  if time is None:
+    return
+  if event in (TRACE_EVENT, LOWER_EVENT, BACKEND_EVENT):
+    time.seconds += duration
+  if event == BACKEND_EVENT:
+    time.backend_seconds += duration
+
+
+def _on_event(event: str, **_: Any) -> None:
+  time = getattr(_charged, "time", None)
+  if time is not None and event == CACHE_HIT_EVENT:
+    time.cache_hits += 1
+
+
+def _listen() -> None:
+  """Registers the listeners once per process (JAX keeps them for its lifetime)."""
+  global _listening
+  with _listening_lock:
+    if not _listening:
+      jax.monitoring.register_event_duration_secs_listener(_on_duration)
+      jax.monitoring.register_event_listener(_on_event)
+      _listening = True
+
+
+class Jitted:
+  """`jax.jit(fn, **options)` whose compiles are charged to `time`."""
+
+  def __init__(self, fn: Callable, time: CompileTime, **options: Any):
+    _listen()
+    self._jitted = jax.jit(fn, **options)
+    self._time = time
+
+  def __call__(self, *args, **kwargs):
+    outer = getattr(_charged, "time", None)
+    _charged.time = self._time
+    try:
+      return self._jitted(*args, **kwargs)
+    finally:
+      _charged.time = outer
+
+  def lower(self, *args, **kwargs):
+    return self._jitted.lower(*args, **kwargs)
+
+  def compiled_shapes(self) -> int:
+    """Distinct shapes (and static arguments) compiled so far."""
+    return self._jitted._cache_size()  # noqa: SLF001  (jax exposes no public count)
+
+
+def cache_directory(base: str) -> str:
+  """The persistent cache's folder under `base` for this backend and processor: `<base>/<platform>-<digest>`, the
+  digest of the device kind and, on CPUs, the instruction-set flags the compiler targets."""
+  device = jax.devices()[0]
+  identity = [device.platform, device.device_kind]
+  if device.platform == "cpu":
+    try:
+      with open("/proc/cpuinfo", encoding="utf-8") as f:
+        identity += sorted({line for line in f if line.startswith(("flags", "model name"))})
+    except OSError:
+      pass
+  digest = hashlib.sha256("\n".join(identity).encode()).hexdigest()[:12]
+  return os.path.join(base, f"{device.platform}-{digest}")
+
+
+def use_persistent_cache(setting: str) -> str:
+  """Turns JAX's persistent compilation cache on for the whole process in `cache_directory` of `setting` (a folder;
+  empty: compilation/ in the jaxloc cache directory), or off with "none"; returns the setting resolved (the folder,
+  or "none").
+
+  Every compile is kept, however short (JAX's default keeps only those over a second, so a rerun would still
+  compile the rest); the folder is bounded by CACHE_MAX_BYTES where `filelock` is installed."""
+  from jax.experimental.compilation_cache import compilation_cache
+
+  from jaxloc.models.loading import default_cache_dir
+
+  base = "none" if setting == "none" else (setting or os.path.join(default_cache_dir(), "compilation"))
+  directory = None if base == "none" else cache_directory(base)
+  current = jax.config.jax_compilation_cache_dir if jax.config.jax_enable_compilation_cache else None
+  if directory == current:
+    return base
+  if directory is None:
+    jax.config.update("jax_enable_compilation_cache", False)
+  else:
+    os.makedirs(directory, exist_ok=True)
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    try:
+      import filelock  # noqa: F401  (JAX's bounded cache locks with it)
+
+      jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+    except ImportError:
+      log.info("filelock not installed: the compilation cache in %s is unbounded", directory)
+  compilation_cache.reset_cache()  # the cache opens its folder once per process otherwise
+  log.info("persistent compilation cache: %s", directory or "off")
+  return base

@@ -1,0 +1,58 @@
+"""Compile discipline: a whole localization (identification, general tasks, validation, single-head checks) compiles
+a handful of shapes whatever its task mix, and a rerun reads every one of them back from the persistent compilation
+cache instead of compiling it."""
+
+import numpy as np
+
+from jaxloc.engine import compilation
+from jaxloc.engine.config import EngineConfig
+from jaxloc.engine.engine import Engine
+from jaxloc.engine.requests import ScoringRequest
+from jaxloc.localize.run import localize
+from jaxloc.localize.settings import LocalizeSettings
+from tests.tiny import make_tiny
+
+# Three general tasks of different lengths beside the target: counting (long rows, no shared prefix), plurals (a short
+# shared prefix), induction (no prefix), arithmetic_1d_4shot (a 4-shot prefix). Each request set is laid out once
+# for its own documents and once for its held-out ones. Each shape costs a scoring kernel and its unablated streams,
+# one more with a shared prefix: five shapes here (the target's held-out documents run longer than its own) make 11.
+GENERAL = ["plurals", "induction", "arithmetic_1d_4shot"]
+MAX_COMPILATIONS = 11
+
+
+def run(tokenizer, directory, cache):
+  engine = Engine(make_tiny(tokenizer), EngineConfig(compilation_cache=cache))
+  settings = LocalizeSettings.make(model="tiny", task="counting", output_dir=str(directory), method="one_shot_greedy",
+                                   num_samples=12, general_tasks=GENERAL, general_samples=12, validation_samples=12,
+                                   metric="logprob", top_k=3, curve_k=4, universal_candidates=4, bootstrap=10)
+  return localize(engine, settings, progress=False)["engine"], engine
+
+
+def test_a_run_with_three_general_tasks_compiles_few_shapes_and_a_rerun_none(tokenizer, tmp_path):
+  first, engine = run(tokenizer, tmp_path / "first", str(tmp_path / "cache"))
+  assert 0 < first["compilations"] <= MAX_COMPILATIONS, first
+  assert first["compile_cache_hits"] == 0 and first["compile_seconds"] > first["xla_compile_seconds"] > 0
+  assert len(engine.shared.layouts.shapes) <= 5  # eight request sets (four tasks, their held-out documents)
+  second, _ = run(tokenizer, tmp_path / "second", str(tmp_path / "cache"))
+  assert second["compilations"] == first["compilations"]
+  assert second["compile_cache_hits"] == second["compilations"]  # every executable read back, none compiled
+
+
+def test_compile_time_is_charged_to_the_engine_that_compiled(tiny_model, tmp_path):
+  requests = [ScoringRequest("The capital of France is", " Paris"), ScoringRequest("One two three", " four")]
+  masks = np.ones((2, tiny_model.config.num_layers, tiny_model.config.num_heads), np.float32)
+  first = Engine(tiny_model, EngineConfig(compilation_cache="none"))
+  second = Engine(tiny_model, EngineConfig(compilation_cache="none"))
+  first.score(requests, masks)
+  assert first.compile_time.seconds > 0 and second.compile_time.seconds == 0
+  seconds = first.compile_time.seconds
+  first.score(requests, masks)  # compiled already: nothing more
+  assert first.compile_time.seconds == seconds
+  second.score(requests, masks)
+  assert second.compile_time.seconds > 0 and second.compile_time.cache_hits == 0
+
+
+def test_the_cache_folder_is_per_backend_and_processor(tmp_path):
+  folder = compilation.cache_directory(str(tmp_path))
+  assert folder.startswith(str(tmp_path)) and folder == compilation.cache_directory(str(tmp_path))
+  assert compilation.use_persistent_cache("none") == "none"
