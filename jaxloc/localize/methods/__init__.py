@@ -23,6 +23,9 @@ UNITS = ("heads", "neurons")
 DEFAULT = "cs_stratified"  # --method's default: the paper's method
 
 _REGISTRY: dict[str, Method] = {}
+# The method the default flagfile runs, and any other caller that wants one gradient over every unit followed by a
+# few single-unit confirmations (the scale rehearsal): the cheapest method that still measures what it selects.
+DEFAULT_RUN = "gradient_confirm"
 
 
 def register(method: Method) -> None:
