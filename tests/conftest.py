@@ -4,9 +4,10 @@ Tiny models (`tests/tiny.py`) use the embedded model's tokenizer (the `tokenizer
 without loading its weights), so tests that need real text but not a real model stay fast; `smollm2` loads the
 embedded model itself for the tests that need it.
 
-Two tiers. `slow` marks what loads a real model (added here, from the fixtures it uses) or runs whole CLI jobs in
-subprocesses (marked in its file). The fast tier, `pytest -m "not slow"`, leaves them out (a few minutes on 2 cores);
-CI runs everything (`pytest`).
+Two tiers. `slow` marks what loads a real model (added here, from the fixtures it uses), runs whole CLI jobs in
+subprocesses, or took over 3.5 s on a quiet 2-core machine (marked in its file: whole runs, many compiled shapes).
+The fast tier, `pytest -m "not slow"`, leaves them out and keeps one parity check per family (under 5 minutes on 2
+cores); CI runs everything (`pytest`).
 """
 
 import os
