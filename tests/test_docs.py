@@ -73,7 +73,7 @@ def _commands() -> list[tuple[str, str, str]]:
   return found
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_every_command_names_flags_that_exist():
   commands = _commands()
   assert any(module == "experiments.localize" for _, module, _ in commands)

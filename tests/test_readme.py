@@ -10,7 +10,7 @@ import pytest
 from tests.optional import optional_module
 
 # The example loads SmolLM2 and runs a small localization: in CI, not in the fast tier.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.heavy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -247,7 +247,7 @@ def test_synthetic_evaluator_is_a_fixed_function_of_the_mask():
   assert np.ptp(first["accuracy"]) > 0  # noise differs between masks
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_gradient_confirm_on_a_tiny_model(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
@@ -274,7 +274,7 @@ def test_gradient_confirm_on_a_tiny_model(tokenizer, tmp_path):
   assert diagnostics.spearman(problem.gradient, truth.change["logprob"]) > 0.3
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_learned_mask_trains_once_per_seed_and_pays_its_training_in_evaluations(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
@@ -302,7 +302,7 @@ def test_learned_mask_trains_once_per_seed_and_pays_its_training_in_evaluations(
 
 @pytest.mark.parametrize("method,options", [("cs_stratified", dict(num_masks=12, ablation_rate=0.2)),
                                             ("two_stage", dict(num_masks=12, ablation_rate=0.2))])
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_benchmark_and_localize_give_the_same_ranking(tokenizer, tmp_path, method, options):
   """The benchmark drives the shipped method: same seed and budget, same measurements, same heads."""
   from jaxloc.engine.config import EngineConfig
@@ -329,7 +329,7 @@ def test_benchmark_and_localize_give_the_same_ranking(tokenizer, tmp_path, metho
   assert names == sweep.names(problem, result.ranking)
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_every_method_is_also_judged_on_held_out_documents_and_general_tasks(tokenizer, tmp_path):
   """run_task ablates each method's top-k on the task's held-out documents and on the general tasks' held-out
   documents (figures equal to evaluating those heads directly); learned_mask trains on the general tasks too."""

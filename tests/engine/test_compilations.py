@@ -29,7 +29,7 @@ def run(tokenizer, directory, cache):
   return localize(engine, settings, progress=False)["engine"], engine
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_a_run_with_three_general_tasks_compiles_few_shapes_and_a_rerun_none(tokenizer, tmp_path):
   first, engine = run(tokenizer, tmp_path / "first", str(tmp_path / "cache"))
   assert 0 < first["compilations"] <= MAX_COMPILATIONS, first
@@ -40,7 +40,7 @@ def test_a_run_with_three_general_tasks_compiles_few_shapes_and_a_rerun_none(tok
   assert second["compile_cache_hits"] == second["compilations"]  # every executable read back, none compiled
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_compile_time_is_charged_to_the_engine_that_compiled(tiny_model, tmp_path):
   requests = [ScoringRequest("The capital of France is", " Paris"), ScoringRequest("One two three", " four")]
   masks = np.ones((2, tiny_model.config.num_layers, tiny_model.config.num_heads), np.float32)

@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_eight_devices_equal_one():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

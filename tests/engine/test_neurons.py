@@ -43,7 +43,7 @@ def test_neuron_scores_match_zeroed_down_proj_columns_on_smollm2(smollm2, smollm
   assert np.abs(ours.logprob[1] - ours.logprob[0]).max() > 1e-2
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_neuron_batches_and_heads_with_neurons(tiny_model):
   """A batch of neuron masks equals each mask alone; head and neuron masks given together equal the model
   applied with both; an all-ones neuron mask changes no score bit."""
@@ -101,7 +101,7 @@ def _probability(loaded, sequence, start, neuron_scale):
   return float(np.exp(sum(logprobs[p - 1, sequence[p]] for p in range(start, len(sequence)))))
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_integrated_gradients_are_complete(tiny_model):
   """Completeness: each request's attributions sum to p(target) minus p(target) with every neuron at its last
   context position zeroed, up to the Riemann error of the path (shrinking with steps); a shared prefix changes

@@ -37,7 +37,7 @@ def test_shared_prefix_equals_unshared(tiny_model):
   assert np.abs(a.logprob[1:] - a.logprob[0]).max() > 1e-2  # the masks matter
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_mask_batch_equals_masks_one_at_a_time(tiny_model):
   requests = few_shot_requests(7, seed=1)
   masks = random_masks(tiny_model.config, 6, seed=1)
@@ -72,7 +72,7 @@ def test_scores_match_transformers_on_smollm2(smollm2, smollm2_engine, smollm2_t
       assert ours.is_greedy[mask_index, i] == greedy
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_bucketing_bounds_compilations(tiny_model):
   """30 request sets of different lengths compile a few shapes per length bucket (scoring from layer 0, from a later
   layer, and the residual streams that allows), not one per set or mask."""

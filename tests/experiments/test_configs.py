@@ -26,7 +26,7 @@ def test_paper_grid_is_complete():
   assert {"smollm2_default.flags", "smollm2_arithmetic.flags", "smollm2_induction.flags"} <= names
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
 def test_flagfile_parses_into_valid_settings(path):
   FLAGS = flags.FLAGS

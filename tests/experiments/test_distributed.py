@@ -15,7 +15,7 @@ import pytest
 
 from tests.experiments.conftest import ROOT, run_cli
 
-# Several processes per test, each compiling the model: in CI, not in the fast tier.
+# Several processes per test, each compiling the model: minutes in all, left out of CI (`pytest -m slow` runs them).
 pytestmark = pytest.mark.slow
 
 DEVICES_PER_PROCESS = 2

@@ -34,7 +34,7 @@ def test_custom_jsonl_with_heads_matches_transformers(smollm2, smollm2_engine, s
   assert result["heads"] == HEADS and result["num_samples"] == len(rows) and result["ablation"] == "zero"
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_cli_writes_the_contract_json(tiny_model_dir, capitals_jsonl, tmp_path):
   out = tmp_path / "result.json"
   proc = run_cli("experiments.evaluate", f"--model={tiny_model_dir}", f"--task={capitals_jsonl}",

@@ -33,7 +33,7 @@ def _tiny(tiny_model_dir):
   return load_model(tiny_model_dir, dtype=jnp.float32, cache_dir=None)
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_cli_exports_explicit_heads(tiny_model_dir, tmp_path):
   out = tmp_path / "edited"
   proc = run_cli("experiments.export", f"--model={tiny_model_dir}", "--heads=L0H1,L2H3", f"--output={out}")

@@ -30,7 +30,7 @@ def _saved(out):
     return 0
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_run_writes_every_output(tiny_model_dir, capitals_jsonl, tmp_path):
   out = str(tmp_path / "run")
   proc = run_cli("experiments.localize", *_args(tiny_model_dir, capitals_jsonl, out, "--num_masks=24",
@@ -73,7 +73,7 @@ def test_run_writes_every_output(tiny_model_dir, capitals_jsonl, tmp_path):
   assert heads["confidence"]["resampled"] == "documents and masks"
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_resume_after_kill_loses_and_remeasures_nothing(tiny_model_dir, capitals_jsonl, tmp_path):
   out = str(tmp_path / "run")
   args = _args(tiny_model_dir, capitals_jsonl, out, "--num_masks=400", "--validate=false",

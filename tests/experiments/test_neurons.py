@@ -9,7 +9,7 @@ import pytest
 from jaxloc.localize.methods import cnl
 from tests.experiments.conftest import run_cli
 
-# Each test is a CLI run (or several) in a subprocess: in CI, not in the fast tier.
+# Each test is a CLI run (or several) in a subprocess: minutes in all, left out of CI (`pytest -m slow` runs them).
 pytestmark = pytest.mark.slow
 
 NEURONS = 3 * 48  # the tiny model: 3 layers x 48 MLP neurons

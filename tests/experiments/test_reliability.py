@@ -24,7 +24,7 @@ def _params():
   for case in reliability.CASES:
     # A case that measures (or resumes a run measured for it) is in the slow tier.
     slow = not case.before_load or case.resumes_base_run or case.name == "resume_edited_task"
-    yield pytest.param(case, id=case.name, marks=[pytest.mark.slow] if slow else [])
+    yield pytest.param(case, id=case.name, marks=[pytest.mark.heavy] if slow else [])
 
 
 @pytest.mark.parametrize("case", _params())

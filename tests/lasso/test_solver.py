@@ -134,7 +134,7 @@ def test_vmap_over_y_and_over_X_equals_separate_solves():
                                atol=TOL)
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_vmap_over_tasks_of_cv_and_path():
   # Several tasks measured on the same masks: one vmapped CV, equal to CV task by task.
   X, y = problem("bernoulli_200x512")

@@ -49,7 +49,7 @@ def test_one_shot_greedy_breaks_accuracy_ties_by_the_other_metric():
   assert ranking.order.tolist() == [2, 1, 0, 3]  # without the tie-break: 1 before 2
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_localize_with_gradient_confirm_on_a_tiny_model(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine

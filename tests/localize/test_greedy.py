@@ -53,7 +53,7 @@ def test_ties_at_the_floor_go_to_the_tie_break_metric_not_to_the_lowest_index():
   assert ranking.order[:2].tolist() == [3, 2]  # the lowest index would have been 0
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_localize_with_iterative_greedy_on_a_tiny_model(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine

@@ -104,7 +104,7 @@ def test_the_efficiency_sweep_drives_it_on_a_synthetic_problem(random_ranking):
   assert runs["random_ranking", 0.25]["top_k"] != runs["random_ranking-random_salt=7", 0.25]["top_k"]
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_the_runner_runs_it_end_to_end_and_resumes_only_with_its_settings(random_ranking, tiny_model, tmp_path):
   import jaxloc
 

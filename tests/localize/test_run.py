@@ -13,7 +13,7 @@ MASK_SHAPES_PER_TASK = 4
 FUNCTIONS = 2
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_a_whole_run_compiles_a_bounded_number_of_shapes(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
@@ -53,7 +53,7 @@ def test_user_errors_are_found_before_any_model_loads(tmp_path, changes, message
     load_tasks(settings)
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_selection_universal_heads_and_confidence_follow_their_stated_rules(tokenizer, tmp_path):
   """On a tiny random model (whatever its heads do): every selected head's estimated general drops are within
   the bound, every universal head's held-out single-head drops break enough tasks, and the frequencies are
@@ -92,7 +92,7 @@ def test_selection_universal_heads_and_confidence_follow_their_stated_rules(toke
     assert curve["max_general_relative_drop"][k] == (max(drops) if drops else None)
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_a_learned_mask_run_trains_confirms_validates_and_reports_its_cost(tokenizer, tmp_path):
   """learned_mask through the runner on a tiny random model: gates trained on the target and a general task,
   candidates confirmed alone, the training time converted to mask evaluations; a re-run resumes without

@@ -60,7 +60,7 @@ def test_budgets_too_small_for_a_screen_and_a_confirmation_are_refused():
   assert screen_size(3, 0.9) == 2 and screen_size(100, 0.3) == 30
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_localize_with_two_stage_on_a_tiny_model(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine

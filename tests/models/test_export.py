@@ -89,7 +89,7 @@ def _check_greedy(model, hf_model, ablation: Ablation, new_tokens: int = 12) -> 
     assert generated == expected[0, len(prompt):].tolist()
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_zero_ablation_export_matches_jaxloc_under_the_mask(tokenizer, tmp_path, family):
   """Heads and neurons zeroed in one export (each alone moves the logits, so a wrong column of either shows)."""
@@ -111,7 +111,7 @@ def _fills(config, seed=2):
           np.asarray(jax.random.normal(neuron_key, (config.num_layers, config.intermediate_size))))
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_mean_ablation_folds_into_biases(tokenizer, tmp_path, family):
   model = _tiny(tokenizer, family)
@@ -172,7 +172,7 @@ def test_config_to_hf_inverts_config_from_hf():
     assert config_from_hf(written.to_dict()) == config, name
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_configs_transformers_cannot_express_are_refused(tokenizer):
   config = make_tiny(tokenizer, model_type="qwen2", qkv_bias=True, o_bias=True).config
   with pytest.raises(UserError, match="qwen2 config cannot hold"):

@@ -125,7 +125,7 @@ def test_config_is_read_faithfully(family):
   assert (hf.model_type == "olmo2") == (cfg.qk_norm == "projection") and cfg.pre_norm == (hf.model_type != "olmo2")
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_logits_match_transformers(family):
   loaded, reference = family
   tokens = _tokens(loaded.config, 0)
@@ -234,7 +234,7 @@ def _gguf_mistral():
 GGUF_CONFIGS = {"gemma2": _gguf_gemma2, "gemma3": _gguf_gemma3, "qwen3": _gguf_qwen3, "mistral": _gguf_mistral}
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 @pytest.mark.parametrize("name", sorted(GGUF_CONFIGS))
 def test_gguf_loads_as_transformers_reads_it(name, tmp_path):
   """A tiny model written as llama.cpp writes it: jaxloc's conversion matches transformers' own GGUF load, which

@@ -117,7 +117,7 @@ def test_random_presets_have_published_shapes():
   assert PRESETS["qwen2.5-7b"].num_heads * PRESETS["qwen2.5-7b"].head_dim == 3584
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_random_model_loads_and_runs():
   loaded = load_model("random:smollm2-135m", dtype=jnp.float32)
   assert loaded.config.num_heads == 9 and loaded.tokenizer is not None
@@ -138,7 +138,7 @@ def _reader_config(path):
   return config_from_gguf(fields, {t.name for t in reader.tensors})
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 @pytest.mark.parametrize("alias", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 def test_read_config_of_a_gguf_is_its_headers_and_equals_the_readers(alias):
   try:

@@ -79,7 +79,7 @@ def test_logits_match_transformers(tiny):
   assert np.abs(ours - theirs).max() < TOL_TINY
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_padded_batch_matches_unpadded_sequences(tiny):
   """Right padding needs no mask; left padding needs segments (-1 on padding) and shifted positions."""
   loaded, reference = tiny
@@ -127,7 +127,7 @@ def test_head_mask_matches_o_proj_pre_hook(tiny):
   assert np.abs(theirs - clean).max() > 100 * TOL_TINY  # the ablation really changed something
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_all_ones_mask_is_bit_identical(tiny):
   loaded, _ = tiny
   cfg = loaded.config

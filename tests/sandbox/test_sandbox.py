@@ -348,7 +348,7 @@ def test_socket_through_ctypes_is_refused(listener):
     server.accept()
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 @needs_isolation
 def test_daemon_cannot_write_a_marker_after_the_timeout(tmp_path):
   marker = tmp_path / "late-marker"

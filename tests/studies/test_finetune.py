@@ -12,7 +12,7 @@ from tests.engine.test_scoring import few_shot_requests
 from tests.tiny import make_tiny
 
 
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_only_the_neurons_parameters_move_and_the_loss_falls(tokenizer):
   engine = Engine(make_tiny(tokenizer))
   requests = few_shot_requests(6, seed=7)

@@ -170,7 +170,7 @@ def test_prompts_and_per_document_metrics_are_lm_evals(task_files, smollm2, smol
     assert per_doc[metric][0].tolist() == [s[metric] for s in samples]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_metric_kinds_names_and_requests(task_files):
   mc = get_task("lm_eval:" + task_files["multiple_choice"])
   assert mc.output_type == "loglikelihood" and mc.metric_names == ("acc", "acc_norm") and mc.default_metric == "acc"
@@ -234,7 +234,7 @@ def test_joint_encoding_is_lm_eval_hf_encoding(task_files, tokenizer):
   assert separate.sequences[0].tolist() != joint.sequences[0].tolist()
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_user_errors(task_files, tmp_path):
   with pytest.raises(UserError, match="unknown lm-eval task 'no_such_task_xyz'"):
     get_task("lm_eval:no_such_task_xyz")

@@ -76,7 +76,7 @@ def _jaxloc_requests(name, rows, directory, local_name=None, split="test", **opt
     ("mmlu", "mmlu_abstract_algebra", MMLU, "test", {"subjects": "abstract_algebra"}),
     ("wmdp_bio", "wmdp_bio", WMDP, "test", {}),
 ])
-@pytest.mark.slow  # over 3.5 s on a quiet 2-core machine
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_multiple_choice_tasks_ask_what_lm_eval_asks(name, lm_eval_name, rows, split, options, tmp_path):
   task, docs, ours = _jaxloc_requests(name, rows, tmp_path, split=split, **options)
   theirs = _lm_eval_requests(lm_eval_name, {split: rows, "train": rows, "dev": rows}, tmp_path)
