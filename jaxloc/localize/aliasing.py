@@ -133,5 +133,5 @@ def of_measurements(masks: np.ndarray, excluded: np.ndarray) -> DesignDiagnostic
   """The diagnostics of a run's random design: the measured masks (bool [M, L, U]) that ablate two or more units (a
   method's single-unit measurements are no design); None when there are none."""
   masks = np.asarray(masks, bool)
-  rows = masks.reshape(len(masks), -1).sum(axis=1) > 1
+  rows = masks.reshape(len(masks), int(np.prod(masks.shape[1:]))).sum(axis=1) > 1  # -1 cannot size zero masks
   return diagnose(masks[rows], excluded) if rows.any() else None

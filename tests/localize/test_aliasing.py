@@ -41,3 +41,11 @@ def test_identical_never_ablated_and_collinear_columns_are_told_apart():
   found = aliasing.diagnose(X)
   assert found.never_ablated == [4] and [(a, b) for a, b, _ in found.collinear_pairs] == [(2, 3)]
   assert found.collinear_pairs[0][2] > aliasing.COLLINEAR and found.aliased == [[0, 1]]
+
+
+def test_a_run_that_measured_no_mask_has_no_design():
+  """CNL measures no mask at all (its ranking is attribution alone): no design, not a crash."""
+  assert aliasing.of_measurements(np.zeros((0, 3, 4), bool), np.zeros(12, bool)) is None
+  single = np.ones((2, 3, 4), bool)
+  single[0, 0, 1] = single[1, 2, 3] = False
+  assert aliasing.of_measurements(~single, np.zeros(12, bool)) is None  # one unit per mask is no design either
