@@ -329,6 +329,11 @@ def run_workloads(engine: Engine, cfg: "ThroughputConfig", torch_model, peak: fl
   """The three workloads of the module docstring, each with `seconds_per_mask` (or `tokens_per_second`),
   `peak_fraction_real_tokens` and `speedup_vs_previous_engine`."""
   c = engine.model_config
+  # The generation workload's prompts first: a model whose tokenizer has no chat template is refused before minutes of
+  # scoring, not after.
+  gen_task, gen_docs = evaluation.load_task("humaneval", num_samples=cfg.workload_generation_prompts, seed=0,
+                                            data_dir=None)
+  prompts = [r.context for r in gen_task.requests(gen_docs, engine.tokenizer)]
   engines = {"jaxloc": engine, "previous_engine": previous_engine(engine)}
   task, docs = evaluation.load_task("plurals", num_samples=cfg.workload_samples, seed=0, data_dir=None)
   requests = task.requests(docs, engine.tokenizer)
@@ -339,9 +344,6 @@ def run_workloads(engine: Engine, cfg: "ThroughputConfig", torch_model, peak: fl
   workloads["one_shot_greedy"] = _scoring_workload(engines, requests, single_head_masks(c), peak)
   log.info("one-shot greedy workload: %s",
            {k: v for k, v in workloads["one_shot_greedy"].items() if not isinstance(v, dict)})
-  gen_task, gen_docs = evaluation.load_task("humaneval", num_samples=cfg.workload_generation_prompts, seed=0,
-                                            data_dir=None)
-  prompts = [r.context for r in gen_task.requests(gen_docs, engine.tokenizer)]
   heads = np.linspace(0, c.num_head_total - 1, cfg.workload_generation_masks).round().astype(int)
   engines = {"jaxloc": variant(engine, generation_batch=len(prompts)),
              "previous_engine": previous_engine(engine, generation_batch=len(prompts))}
