@@ -12,8 +12,9 @@ the count to a handful per run:
     asks for: a baseline, a validation curve or a single-head check costs at most one full call, never a compile;
   * a request set takes a shape already laid out when it fits there (prefix no longer than its own, suffixes no
     wider than the rows, as many slots and targets) at most ADOPT_SLACK more compute than its own shape, whose
-    sizes round up to short ladders (`batching`), so that near-equal request sets, like a task's identification
-    and held-out documents, land on the same one.
+    sizes round up to short ladders (`batching`), so that near-equal request sets land on the same one; a set the
+    caller scores in a few calls only (held-out documents: validation and single-head checks) takes one at up to
+    ADOPT_SLACK_FEW_CALLS more, since padding a few calls costs less than a compile.
 
 Axes: `masks` Mb, `requests` (token rows) Rb, `seq` S, `context` P, `targets` T, `slots` N (as in `scoring.py`).
 """
@@ -41,6 +42,9 @@ MAX_LAYOUTS = 32
 # A request set takes a shape already compiled when that computes at most this fraction more than its own shape: on
 # a CPU a compile of the default model costs about two full calls, on an accelerator at 8B tens of seconds.
 ADOPT_SLACK = 0.25
+# The same for a request set scored in a few calls (`prepare(few_calls=True)`): a task's held-out documents, fewer
+# than its identification ones, would otherwise get a smaller shape of their own, compiled for a handful of calls.
+ADOPT_SLACK_FEW_CALLS = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +75,11 @@ class Layouts:
     self._kept: dict = {}
     self.shapes: list[CallShape] = []
 
-  def prepare(self, requests: Sequence[ScoringRequest]) -> tuple[scoring.ScoringLayout, ScoringBatches]:
-    """Tokenizes and lays out a request set (cached: localization scores one set many times)."""
+  def prepare(self, requests: Sequence[ScoringRequest], few_calls: bool = False
+              ) -> tuple[scoring.ScoringLayout, ScoringBatches]:
+    """Tokenizes and lays out a request set (cached: localization scores one set many times); `few_calls`: the
+    caller will score it in a few calls only, so it may pad into a larger shape laid out before (module
+    docstring). The first call's layout is kept."""
     key = tuple(requests)
     if key in self._kept:
       return self._kept[key]
@@ -82,7 +89,7 @@ class Layouts:
     tokenized = scoring.tokenize(self.model.tokenizer, requests, c.max_position_embeddings)
     prefix_len = scoring.shared_prefix_length(tokenized) if self.config.share_prefix else 0
     if self.config.pack:
-      lay, shape, taken = self._packed(tokenized, prefix_len)
+      lay, shape, taken = self._packed(tokenized, prefix_len, ADOPT_SLACK_FEW_CALLS if few_calls else ADOPT_SLACK)
       plan = ScoringBatches(shape.masks, shape.rows, shape.estimated_bytes)
       how = f"packed, {shape.width} wide" + (", a shape laid out before" if taken else "")
     else:
@@ -105,9 +112,9 @@ class Layouts:
     tokens = shape.rows * shape.width * (1 + self._key_cost * (shape.width + shape.prefix))
     return chunks * (tokens + shape.targets * self._target_cost) + shape.prefix * (1 + self._key_cost * shape.prefix)
 
-  def _packed(self, tokenized: scoring.TokenizedRequests, prefix_len: int
+  def _packed(self, tokenized: scoring.TokenizedRequests, prefix_len: int, slack: float
               ) -> tuple[scoring.ScoringLayout, CallShape, bool]:
-    """The layout in the cheapest shape laid out before that costs at most ADOPT_SLACK more than the request set's
+    """The layout in the cheapest shape laid out before that costs at most `slack` more than the request set's
     own shape, else in its own (then remembered); and whether the shape was taken from before."""
     own, own_rows = self._own_shape(tokenized, prefix_len)
     own_cost = self._cost(own, -(-len(own_rows) // own.rows))
@@ -116,7 +123,7 @@ class Layouts:
       rows = self._fit(tokenized, prefix_len, shape)
       if rows is not None:
         cost = self._cost(shape, -(-len(rows) // shape.rows))
-        if cost <= (1 + ADOPT_SLACK) * own_cost and (best is None or cost < best[0]):
+        if cost <= (1 + slack) * own_cost and (best is None or cost < best[0]):
           best = cost, shape, rows
     taken = best is not None and best[1] != own
     shape, rows = (best[1], best[2]) if best is not None else (own, own_rows)

@@ -69,8 +69,11 @@ class Scorer:
     return streams
 
   def score_batches(self, requests: Sequence[ScoringRequest], head_masks=None, head_fill=None, *,
-                    neuron_masks=None, neuron_fill=None) -> Iterator[tuple[slice, ScoreOutputs]]:
+                    neuron_masks=None, neuron_fill=None, few_calls: bool = False
+                    ) -> Iterator[tuple[slice, ScoreOutputs]]:
     """Yields (mask slice, outputs for those masks) in mask order as batches finish, so callers can checkpoint.
+    `few_calls`: these requests are scored in a few calls in all (held-out documents), so their layout may pad into
+    a larger shape laid out before instead of compiling its own (`Layouts.prepare`).
 
     Masks are evaluated grouped by the first layer they ablate (a stable sort, so masks already in that order keep
     it): a batch starts at its lowest first ablated layer, from the unablated residual streams, when they fit the
@@ -78,7 +81,7 @@ class Scorer:
     shared, place, stats = self.shared, self.shared.placement, self.shared.stats
     config = shared.model_config
     masks = check_masks(config, head_masks, neuron_masks)
-    lay, plan = shared.layouts.prepare(requests)
+    lay, plan = shared.layouts.prepare(requests, few_calls)
     fill = place.fills(check_fills(config, head_fill, neuron_fill))
     per_call = plan.masks_per_call
     shard_masks = per_call % place.data_parallel == 0

@@ -127,6 +127,7 @@ class Evaluator:
   docs: list[Doc]
   fill: np.ndarray | None = None
   unit: str = "heads"
+  held_out: bool = False  # documents held out: scored in a few calls only (validation, single-head checks)
   _unablated: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
 
   @classmethod
@@ -136,8 +137,9 @@ class Evaluator:
     return cls(engine, name, task, list(docs), fill, unit)
 
   def on(self, docs: Sequence[Doc]) -> "Evaluator":
-    """The same task, fill and unit on other documents (held out)."""
-    return Evaluator(self.engine, self.name, self.task, list(docs), self.fill, self.unit)
+    """The same task, fill and unit on held-out documents, which the engine scores in a few calls and may lay
+    out in a larger shape compiled for the identification documents (`Layouts.prepare(few_calls=True)`)."""
+    return Evaluator(self.engine, self.name, self.task, list(docs), self.fill, self.unit, held_out=True)
 
   @property
   def units_per_layer(self) -> int:
@@ -161,7 +163,8 @@ class Evaluator:
       raise ValueError(f"masks must be [masks, layers, {self.unit}], got shape {np.shape(keep)}")
     requests = self.requests()
     if self.task.output_type == "loglikelihood":
-      for where, scores in self.engine.score_batches(requests, **engine_masks(self.unit, keep, self.fill)):
+      for where, scores in self.engine.score_batches(requests, **engine_masks(self.unit, keep, self.fill),
+                                                     few_calls=self.held_out):
         if progress:
           progress(where.stop - where.start)
         yield where, scores

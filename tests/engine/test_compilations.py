@@ -2,6 +2,8 @@
 a handful of shapes whatever its task mix, and a rerun reads every one of them back from the persistent compilation
 cache instead of compiling it."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -14,11 +16,13 @@ from jaxloc.localize.settings import LocalizeSettings
 from tests.tiny import make_tiny
 
 # Three general tasks of different lengths beside the target: counting (long rows, no shared prefix), plurals (a short
-# shared prefix), induction (no prefix), arithmetic_1d_4shot (a 4-shot prefix). Each request set is laid out once
-# for its own documents and once for its held-out ones. Each shape costs a scoring kernel and its unablated streams,
-# one more with a shared prefix: five shapes here (the target's held-out documents run longer than its own) make 11.
+# shared prefix), induction (no prefix), arithmetic_1d_4shot (a 4-shot prefix). Each task's identification documents
+# get a shape of their own; its held-out documents, scored in a few calls, pad into one of those (`Layouts.prepare`
+# few_calls). Each shape costs a scoring kernel and its unablated streams, one more with a shared prefix: four shapes
+# here make 10 (11 when held-out documents were laid out in shapes of their own).
 GENERAL = ["plurals", "induction", "arithmetic_1d_4shot"]
-MAX_COMPILATIONS = 11
+CAPITALS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "scale", "capitals.jsonl")
+MAX_COMPILATIONS = 10
 
 
 def run(tokenizer, directory, cache):
@@ -34,10 +38,22 @@ def test_a_run_with_three_general_tasks_compiles_few_shapes_and_a_rerun_none(tok
   first, engine = run(tokenizer, tmp_path / "first", str(tmp_path / "cache"))
   assert 0 < first["compilations"] <= MAX_COMPILATIONS, first
   assert first["compile_cache_hits"] == 0 and first["compile_seconds"] > first["xla_compile_seconds"] > 0
-  assert len(engine.shared.layouts.shapes) <= 5  # eight request sets (four tasks, their held-out documents)
+  assert len(engine.shared.layouts.shapes) <= 4  # eight request sets (four tasks, their held-out documents)
   second, _ = run(tokenizer, tmp_path / "second", str(tmp_path / "cache"))
   assert second["compilations"] == first["compilations"]
   assert second["compile_cache_hits"] == second["compilations"]  # every executable read back, none compiled
+
+
+@pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
+def test_one_shot_greedy_on_a_custom_task_compiles_one_shape_per_task(tokenizer, tmp_path):
+  """BUILD.md's greedy row: a custom JSONL task (37 documents, 20 held out) and three general tasks (40, 20 held
+  out). Held-out documents pad into the identification shapes: four shapes, eight compiles (17 before)."""
+  engine = Engine(make_tiny(tokenizer), EngineConfig(compilation_cache="none"))
+  settings = LocalizeSettings.make(model="tiny", task=CAPITALS, output_dir=str(tmp_path), method="one_shot_greedy",
+                                   num_samples=37, general_tasks=["counting", "induction", "arithmetic_1d_4shot"],
+                                   general_samples=40, validation_samples=20, metric="logprob", top_k=5)
+  facts = localize(engine, settings, progress=False)["engine"]
+  assert len(engine.shared.layouts.shapes) == 4 and facts["compilations"] <= 8, (facts, engine.shared.layouts.shapes)
 
 
 @pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine

@@ -197,6 +197,22 @@ def test_every_call_of_a_layout_takes_one_number_of_masks(tiny_model):
   assert engine.compile_count == compiled
 
 
+def test_held_out_documents_pad_into_a_shape_laid_out_before(tiny_model):
+  """Requests scored in a few calls (held-out documents, half as many as the identification ones) take the larger
+  shape compiled before instead of compiling their own; scored often, they get their own. Scores are the same."""
+  identification, held_out = few_shot_requests(40, seed=1), few_shot_requests(12, seed=2)
+  masks = random_masks(tiny_model.config, 3, seed=4)
+  scores = {}
+  for few_calls in (True, False):
+    engine = Engine(tiny_model, EngineConfig(compilation_cache="none"))
+    engine.score(identification, masks)
+    compiled = engine.compile_count
+    scores[few_calls] = np.asarray(list(engine.score_batches(held_out, masks, few_calls=few_calls))[0][1].logprob)
+    assert (engine.compile_count == compiled) == few_calls, (few_calls, compiled, engine.compile_count)
+    assert len(engine.shared.layouts.shapes) == (1 if few_calls else 2)
+  np.testing.assert_allclose(scores[True], scores[False], atol=1e-5)
+
+
 def test_float32_activations_over_bfloat16_weights(tiny_model):
   """--activation_dtype=float32 with bfloat16 weights: weights stay bfloat16 in memory, the residual stream and
   every matmul run in float32, which takes most of the bfloat16 error away."""

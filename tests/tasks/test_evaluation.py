@@ -16,9 +16,9 @@ class FakeEngine:
   def __init__(self, masks_per_batch=2):
     self.calls, self.fills, self.masks_per_batch = [], [], masks_per_batch
 
-  def score_batches(self, requests, head_masks, head_fill=None):
+  def score_batches(self, requests, head_masks, head_fill=None, few_calls=False):
     assert all(isinstance(r, ScoringRequest) for r in requests)
-    self.calls.append("score")
+    self.calls.append("score held out" if few_calls else "score")
     self.fills.append(head_fill)
     kept = np.asarray(head_masks).reshape(len(head_masks), -1).sum(axis=1)
     for begin in range(0, len(kept), self.masks_per_batch):
@@ -54,6 +54,9 @@ def test_loglikelihood_task_goes_through_score():
   metrics = Evaluator(engine, "counting", task, task.load_docs(num_samples=5), "fill").run(masks)
   assert engine.calls == ["score"] and engine.fills == ["fill"]
   np.testing.assert_allclose(metrics["accuracy"], [1.0, 0.0, 1.0])
+  held_out = Evaluator(engine, "counting", task, task.load_docs(num_samples=5), "fill").on(task.load_docs(num_samples=3))
+  np.testing.assert_allclose(held_out.run(masks)["accuracy"], [1.0, 0.0, 1.0])
+  assert engine.calls == ["score", "score held out"]  # scored in a few calls: its layout may pad (few_calls)
   np.testing.assert_allclose(metrics["logprob"], [8.0, 4.0, 8.0])
 
 
