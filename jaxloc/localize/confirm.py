@@ -11,11 +11,15 @@ documents (held out when validating).
 Confirmed selection (`--selection=specific` with general tasks): an estimate of a head's general-task effect (a
 Lasso coefficient from a few dozen masks) cannot carry the claim that the head is specific, so before a head is
 called specific it is ablated alone on the identification documents of the target and of every general task, and
-kept only when no general task drops by more than `--specific_max_general_drop` (relative). Candidates are taken in
-the target's ranking order (universal and excluded heads left out) and confirmed in small batches until enough
-pass: max(--curve_k, --top_k) heads, so that the whole specificity curve is measured (a neuron selection of
-hundreds is confirmed at its head, its first --curve_k, and continues with the estimated selection). A head the
-method already measured alone on those documents (one-shot greedy, the confirmation methods) costs nothing more.
+kept only when no general task drops by more than `--specific_max_general_drop` (relative). Heads that each pass
+alone can still add up on a general task, so the reported heads (the first --top_k) are also confirmed together: a
+candidate joins them only when the selection so far with it, ablated as one mask, passes the same rule (a batch
+measures the selection grown by each following candidate, as if each joined; a candidate turned away costs one more
+batch). Candidates are taken in the target's ranking order (universal and excluded heads left out) and confirmed in
+small batches until enough pass: max(--curve_k, --top_k) heads, so that the whole specificity curve is measured (a
+neuron selection of hundreds is confirmed at its head, its first --curve_k, and continues with the estimated
+selection). A head the method already measured alone on those documents (one-shot greedy, the confirmation methods)
+costs nothing more.
 
 Aliased heads (identical columns of a random design, `aliasing`) share one Lasso coefficient, so the ranking
 cannot say which of them matters: when a candidate has twins, every member of its group is measured alone and
@@ -43,24 +47,36 @@ FILE = "confirmation.npz"
 
 @dataclasses.dataclass
 class Confirmation:
-  """What the confirmation measured: relative drop per task (target first) of each head ablated alone on the
-  identification documents, and what it cost."""
+  """What the confirmation measured: relative drop per task (target first) of each head ablated alone, and of the
+  selection's first heads ablated together, on the identification documents; and what it cost."""
 
   drops: dict[int, np.ndarray]
   measured: list[int]  # heads this confirmation ablated alone (new masks, each scored on every task)
   reused: list[int]  # heads the method had already measured alone
-  rejected: list[int]  # candidates whose measured general drop was too large
+  rejected: list[int]  # candidates whose measured general drop alone was too large
   regrouped: list[list[int]]  # aliased groups resolved by measurement (members in measured order)
   confirmed: int = 0  # heads of the selection confirmed (the rest, for neurons, continue the estimated selection)
   estimated: int = 0
+  together: int = 0  # the first `together` heads of the selection were confirmed ablated together too
+  set_drops: dict[tuple[int, ...], np.ndarray] = dataclasses.field(default_factory=dict)  # heads ablated together
+  measured_sets: list[tuple[int, ...]] = dataclasses.field(default_factory=list)  # new masks of several heads
+  rejected_together: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # head -> the set failed
+
+  @property
+  def masks(self) -> int:
+    """Masks this confirmation added to the method's (each scored on every task)."""
+    return len(self.measured) + len(self.measured_sets)
 
   def facts(self, name: Callable[[int], str], tasks: Sequence[str], max_general_drop: float) -> dict[str, Any]:
     return {
-        "rule": (f"each selected unit ablated alone on the identification documents: every general task drops by "
-                 f"≤ {100 * max_general_drop:.0f}% (relative)"),
-        "masks": len(self.measured), "reused_measurements": len(self.reused),
-        "confirmed": self.confirmed, "estimated": self.estimated,
+        "rule": (f"each selected unit ablated alone on the identification documents, and the first {self.together} "
+                 f"ablated together: every general task drops by ≤ {100 * max_general_drop:.0f}% (relative)"),
+        "masks": self.masks, "together": self.together, "masks_together": len(self.measured_sets),
+        "reused_measurements": len(self.reused), "confirmed": self.confirmed, "estimated": self.estimated,
         "rejected": {name(h): {t: float(d) for t, d in zip(tasks, self.drops[h])} for h in self.rejected},
+        "rejected_together": {name(h): {"with": [name(u) for u in heads[:-1]],
+                                        **{t: float(d) for t, d in zip(tasks, self.set_drops[heads])}}
+                              for h, heads in self.rejected_together.items()},
         "aliased_groups_measured": [[name(h) for h in group] for group in self.regrouped],
     }
 
@@ -77,19 +93,38 @@ def measured_alone(masks: np.ndarray, metrics: Sequence[np.ndarray], baselines: 
 
 
 def confirm(order: Sequence[int], count: int, passes: Callable[[np.ndarray], bool], known: dict[int, np.ndarray],
-            scorer: validate.Measures, groups: Callable[[int], list[int]], directory: str | None) -> tuple[
-                list[int], Confirmation]:
+            scorer: validate.Measures, groups: Callable[[int], list[int]], directory: str | None, together: int = 0
+            ) -> tuple[list[int], Confirmation]:
   """The first `count` heads of `order` (already without excluded and universal heads) that pass when measured
-  alone. `known`: drops already measured alone (reused); `groups(h)`: h's aliased group ([h] when none)."""
+  alone, the first `together` of them also when ablated together (module docstring). `known`: drops already
+  measured alone (reused); `groups(h)`: h's aliased group ([h] when none)."""
   path = os.path.join(directory, FILE) if directory else None
   saved = files.read_arrays(path) if path else None
   drops = dict(known)
+  sets: dict[tuple[int, ...], np.ndarray] = {}
   measured: list[int] = []
+  measured_sets: list[tuple[int, ...]] = []
   if saved is not None:
     for h, d in zip(saved["heads"].tolist(), saved["drops"]):
       if int(h) not in drops:
         drops[int(h)] = np.asarray(d, np.float64)
         measured.append(int(h))
+    for row, d in zip(saved["set_heads"].tolist() if "set_heads" in saved else [], saved.get("set_drops", [])):
+      key = tuple(int(h) for h in row if h >= 0)
+      sets[key] = np.asarray(d, np.float64)
+      measured_sets.append(key)
+
+  def save() -> None:
+    if not path:
+      return
+    width = max((len(k) for k in measured_sets), default=0)
+    tasks = len(next(iter([*drops.values(), *sets.values()])))
+    files.save_arrays(path, {
+        "heads": np.asarray(measured, np.int64),
+        "drops": np.array([drops[h] for h in measured], np.float64).reshape(len(measured), tasks),
+        "set_heads": np.array([[*k, *[-1] * (width - len(k))] for k in measured_sets], np.int64).reshape(
+            len(measured_sets), width),
+        "set_drops": np.array([sets[k] for k in measured_sets], np.float64).reshape(len(measured_sets), tasks)})
 
   def measure(heads: list[int]) -> None:
     todo = [h for h in dict.fromkeys(heads) if h not in drops]
@@ -98,22 +133,47 @@ def confirm(order: Sequence[int], count: int, passes: Callable[[np.ndarray], boo
     for h, d in zip(todo, validate.single_head_drops(todo, scorer)):
       drops[h] = d
     measured.extend(todo)
-    if path:
-      files.save_arrays(path, {"heads": np.asarray(measured, np.int64),
-                               "drops": np.stack([drops[h] for h in measured])})
+    save()
+
+  def measure_sets(keys: list[tuple[int, ...]]) -> None:
+    todo = [k for k in dict.fromkeys(keys) if k not in sets]
+    if not todo:
+      return
+    for k, d in zip(todo, validate.set_drops(todo, scorer)):
+      sets[k] = d
+    measured_sets.extend(todo)
+    save()
 
   selected: list[int] = []
   rejected: list[int] = []
+  rejected_together: dict[int, tuple[int, ...]] = {}
   regrouped: list[list[int]] = []
   seen: set[int] = set()
+
+  def joins(m: int, upcoming: list[int]) -> bool:
+    """Whether m, which passed alone, joins the selection: past its first `together` heads always, else when the
+    selection with m passes ablated together. One batch measures the selection grown by m and by each following
+    candidate that passed alone, as if each joined."""
+    if not selected or len(selected) >= together:
+      return True
+    key = (*selected, m)
+    if key not in sets:
+      ahead = [m] + [h for h in upcoming if h in drops and h not in seen and passes(drops[h])]
+      ahead = list(dict.fromkeys(ahead))[:together - len(selected)]
+      measure_sets([(*selected, *ahead[:i + 1]) for i in range(len(ahead))])
+    if passes(sets[key]):
+      return True
+    rejected_together[m] = key
+    return False
+
   position = 0
   while len(selected) < count and position < len(order):
     # One batch: as many candidates as the heads still missing need at the share that passed so far (all, before
     # the first batch), plus one spare.
-    share = (len(selected) + 1) / (len(selected) + len(rejected) + 1)
+    share = (len(selected) + 1) / (len(selected) + len(rejected) + len(rejected_together) + 1)
     window = [int(h) for h in order[position:position + int(np.ceil((count - len(selected)) / share)) + 1]]
     measure([m for h in window if h not in seen for m in groups(h) if m not in seen])
-    for h in window:
+    for i, h in enumerate(window):
       position += 1
       if h in seen:
         continue
@@ -123,14 +183,19 @@ def confirm(order: Sequence[int], count: int, passes: Callable[[np.ndarray], boo
         group = sorted(group, key=lambda m: -drops[m][0])
         regrouped.append(group)
         group = [m for m in group if drops[m][0] > 0]
-      for m in group:
-        if len(selected) < count:
-          (selected if passes(drops[m]) else rejected).append(m)
+      for j, m in enumerate(group):
+        if len(selected) >= count:
+          break
+        if not passes(drops[m]):
+          rejected.append(m)
+        elif joins(m, group[j + 1:] + window[i + 1:]):
+          selected.append(m)
       if len(selected) == count:
         break
-  used = set(selected) | set(rejected) | {m for g in regrouped for m in g}
+  used = set(selected) | set(rejected) | set(rejected_together) | {m for g in regrouped for m in g}
   return selected, Confirmation(drops, measured, [h for h in known if h in used], rejected, regrouped,
-                                confirmed=len(selected))
+                                confirmed=len(selected), together=min(together, len(selected)), set_drops=sets,
+                                measured_sets=measured_sets, rejected_together=rejected_together)
 
 
 @dataclasses.dataclass
@@ -150,7 +215,7 @@ class Found:
   @property
   def confirmation_masks(self) -> int:
     """Masks the confirmation added to the method's (each scored on every task)."""
-    return len(self.confirmation.measured) if self.confirmation else 0
+    return self.confirmation.masks if self.confirmation else 0
 
 
 def find_heads(settings, ranking: Ranking, general_rankings: Sequence[Ranking], measured: Sequence[Measured],
@@ -193,7 +258,7 @@ def find_heads(settings, ranking: Ranking, general_rankings: Sequence[Ranking], 
   skip = set(universal)
   selected, confirmation = confirm([h for h in order if h not in skip], count if heads else settings.curve_k,
                                    passes, known, identification, design.group_of if design else lambda h: [h],
-                                   directory)
+                                   directory, together=settings.top_k if heads else 0)
   if not heads:  # the rest of a neuron selection comes from the estimates
     judged = set(selected) | set(confirmation.rejected)
     rest = [h for h in select(universal, len(order)) if h not in judged][:count - len(selected)]

@@ -401,9 +401,10 @@ def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring
     log.warning("only %d %s qualify under --selection=%s (try --selection=raw or a larger "
                 "--specific_max_general_drop)", len(found.selected), settings.unit, settings.selection)
   if found.confirmation is not None:
-    log.info("confirmation: %d %s ablated alone on every task's identification documents (%d measurements of the "
-             "method reused), %d rejected", found.confirmation_masks, settings.unit,
-             len(found.confirmation.reused), len(found.confirmation.rejected))
+    c = found.confirmation
+    log.info("confirmation: %d masks on every task's identification documents, %d of them the first %d %s together "
+             "(%d measurements of the method reused), %d rejected alone, %d together", c.masks, len(c.measured_sets),
+             c.together, settings.unit, len(c.reused), len(c.rejected), len(c.rejected_together))
   return found
 
 

@@ -54,7 +54,7 @@ def _cumulative_masks(order: Sequence[int], points: Sequence[int], num_layers: i
 
 class Measures(Protocol):
   """What single-unit checks need of a document split: each task's mean metric under keep-masks. A run's `Scorer`;
-  the efficiency benchmark's cached problems (`bench.sweep.ProblemScorer`)."""
+  the efficiency benchmark's cached problems (`bench.judging.ProblemScorer`)."""
 
   names: list[str]  # the tasks, the target first
   num_layers: int
@@ -115,11 +115,17 @@ def drop_interval(per_doc: np.ndarray, seed: int = 0) -> np.ndarray:
 
 def single_head_drops(heads: Sequence[int], scorer: Measures) -> np.ndarray:
   """Relative drop [units, tasks] of each task's metric with one unit (head or neuron) ablated."""
-  drops = np.zeros((len(heads), len(scorer.names)))
-  if not len(heads):
+  return set_drops([[h] for h in heads], scorer)
+
+
+def set_drops(sets: Sequence[Sequence[int]], scorer: Measures) -> np.ndarray:
+  """Relative drop [sets, tasks] of each task's metric with each set of units ablated together (one mask each)."""
+  drops = np.zeros((len(sets), len(scorer.names)))
+  if not len(sets):
     return drops
-  keep = np.ones((len(heads) + 1, scorer.num_layers * scorer.units_per_layer), np.float32)
-  keep[np.arange(1, len(heads) + 1), np.asarray(heads, np.int64)] = 0
+  keep = np.ones((len(sets) + 1, scorer.num_layers * scorer.units_per_layer), np.float32)
+  for i, units in enumerate(sets):
+    keep[i + 1, np.asarray(units, np.int64)] = 0
   for j, means in enumerate(scorer.means(keep.reshape(-1, scorer.num_layers, scorer.units_per_layer))):
     drops[:, j] = relative_drop(float(means[0]), means[1:])
   return drops

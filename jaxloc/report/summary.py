@@ -33,8 +33,10 @@ MAX_REJECTED = 5
 
 def _confirmation(c: dict[str, Any], evaluations: int, unit: str) -> str:
   """What confirming the selection cost and what it turned down."""
+  together = f", the first {c['together']} together ({c['masks_together']} masks)" if c.get("together") else ""
   line = (f"confirmation: {c['masks']} extra masks of the {evaluations} evaluations ({unit} ablated alone on every "
-          f"task's identification documents; {c['reused_measurements']} of the method's own measurements reused)")
+          f"task's identification documents{together}; {c['reused_measurements']} of the method's own measurements "
+          "reused)")
   if c.get("estimated"):
     line += f"; {c['confirmed']} selected {unit} confirmed, the next {c['estimated']} estimated"
   rejected = c.get("rejected") or {}
@@ -45,6 +47,14 @@ def _confirmation(c: dict[str, Any], evaluations: int, unit: str) -> str:
       named.append(f"{name} ({task} {_percent(worst).strip()})")
     more = f", {len(rejected) - MAX_REJECTED} more" if len(rejected) > MAX_REJECTED else ""
     line += f"; rejected {len(rejected)}: " + ", ".join(named) + more
+  turned = c.get("rejected_together") or {}
+  if turned:
+    named = []
+    for name, drops in list(turned.items())[:MAX_REJECTED]:
+      task, worst = max([(t, d) for t, d in drops.items() if t != "with"][1:],
+                        key=lambda item: -math.inf if math.isnan(item[1]) else item[1])
+      named.append(f"{name} ({task} {_percent(worst).strip()} with {len(drops['with'])} selected)")
+    line += f"; turned away together {len(turned)}: " + ", ".join(named)
   groups = c.get("aliased_groups_measured") or []
   if groups:
     line += "; aliased groups measured: " + ", ".join("/".join(g) for g in groups)

@@ -1,6 +1,7 @@
-"""Confirmed selection: candidates in ranking order are measured alone until enough pass; measurements the method
-already made are reused; aliased groups are resolved by measurement; a resumed run measures nothing again; the
-run's selection (`find_heads`) is what measurement confirms, whatever the estimates said."""
+"""Confirmed selection: candidates in ranking order are measured alone until enough pass, the reported ones together
+too; measurements the method already made are reused; aliased groups are resolved by measurement; a resumed run
+measures nothing again; the run's selection (`find_heads`) is what measurement confirms, whatever the estimates
+said."""
 
 import numpy as np
 
@@ -10,10 +11,11 @@ from jaxloc.localize.settings import LocalizeSettings
 
 
 class FakeScorer:
-  """Relative drops per head (target, general) from a table; counts the heads it was asked to measure."""
+  """Relative drops per head (target, general) from a table, adding up over heads ablated together; counts the heads
+  it was asked to measure alone and the sets it was asked to measure together."""
 
   def __init__(self, table):
-    self.table, self.asked = table, []
+    self.table, self.asked, self.sets = table, [], []
 
 
 def _patch(monkeypatch, scorer):
@@ -21,7 +23,12 @@ def _patch(monkeypatch, scorer):
     s.asked.extend(heads)
     return np.array([s.table[h] for h in heads], np.float64)
 
+  def set_drops(sets, s):
+    s.sets.append([tuple(k) for k in sets])  # one list per batch
+    return np.array([np.sum([s.table[h] for h in k], axis=0) for k in sets], np.float64)
+
   monkeypatch.setattr(confirm.validate, "single_head_drops", single_head_drops)
+  monkeypatch.setattr(confirm.validate, "set_drops", set_drops)
 
 
 def passes(drops):
@@ -46,6 +53,35 @@ def test_candidates_are_measured_until_enough_pass(monkeypatch, tmp_path):
   assert again.asked == []
 
 
+def test_the_reported_heads_are_confirmed_together_too(monkeypatch, tmp_path):
+  # Heads 1, 2 and 5 each spare the general task alone (0.0, 0.05, 0.05): 1 + 2 pass together (0.05), 1 + 2 + 5 do
+  # not (0.10 > 0.09), so 5 is turned away and 6 joins; past the first `together` heads only the single rule holds
+  # (7: 0.05 alone, 0.10 with the three).
+  table = {**TABLE, 5: [0.05, 0.05], 6: [0.04, 0.0], 7: [0.03, 0.05]}
+  limit = lambda drops: bool(np.all(drops[1:] <= 0.09))
+  scorer = FakeScorer(table)
+  _patch(monkeypatch, scorer)
+  selected, c = confirm.confirm([0, 1, 2, 3, 4, 5, 6, 7], 4, limit, {}, scorer, lambda h: [h], str(tmp_path),
+                                together=3)
+  assert selected == [1, 2, 4, 5] and c.rejected == [0, 3]  # 4 (0.0 general) joins before 5; 5 is the fourth
+  assert not c.rejected_together
+  scorer = FakeScorer(table)
+  _patch(monkeypatch, scorer)
+  selected, c = confirm.confirm([1, 2, 5, 6, 7], 4, limit, {}, scorer, lambda h: [h], str(tmp_path / "b"),
+                                together=3)
+  assert selected == [1, 2, 6, 7] and c.rejected_together == {5: (1, 2, 5)} and c.rejected == []
+  assert c.together == 3 and (1, 2, 6) in c.set_drops  # 7 joined on the single rule: three heads were confirmed
+  # First batch: the selection grown by 2, then by 5, as if each joined; turning 5 away took one more batch.
+  assert scorer.sets == [[(1, 2), (1, 2, 5)], [(1, 2, 6)]]
+  assert c.masks == len(c.measured) + 3 and sorted(c.measured_sets) == [(1, 2), (1, 2, 5), (1, 2, 6)]
+  # A resumed run reads the saved sets and measures nothing again.
+  again = FakeScorer(table)
+  _patch(monkeypatch, again)
+  assert confirm.confirm([1, 2, 5, 6, 7], 4, limit, {}, again, lambda h: [h], str(tmp_path / "b"),
+                         together=3)[0] == [1, 2, 6, 7]
+  assert again.asked == [] and again.sets == []
+
+
 def test_an_aliased_group_is_ordered_by_measurement_and_members_without_effect_leave(monkeypatch):
   scorer = FakeScorer(TABLE)
   _patch(monkeypatch, scorer)
@@ -67,21 +103,24 @@ def test_measured_alone_reads_single_unit_masks():
 
 class TableMeasures:
   """`validate.Measures` over 1 layer of N heads: every task scores 1.0 unablated and 1 - drops[h][task] with head h
-  ablated alone (masks of several heads are not asked for here). Counts the single-head masks it is asked."""
+  ablated alone, the drops adding up over heads ablated together. Counts the heads of single-head masks it is asked,
+  and the masks of several heads in `sets`."""
 
   def __init__(self, drops, names=("target", "general")):
     self.drops, self.names = np.asarray(drops, np.float64), list(names)
     self.num_layers, self.units_per_layer = 1, len(self.drops)
-    self.asked = []
+    self.asked, self.sets = [], []
 
   def means(self, keep):
     ablated = np.asarray(keep).reshape(len(keep), -1) < 0.5
     rows = []
     for row in ablated:
       heads = np.flatnonzero(row)
-      assert len(heads) <= 1
-      self.asked.extend(heads.tolist())
-      rows.append(1.0 - (self.drops[heads[0]] if len(heads) else np.zeros(len(self.names))))
+      if len(heads) > 1:
+        self.sets.append(tuple(heads.tolist()))
+      else:
+        self.asked.extend(heads.tolist())
+      rows.append(1.0 - self.drops[heads].sum(axis=0))
     return list(np.array(rows).T)
 
 
@@ -111,7 +150,8 @@ def test_the_selection_is_what_measurement_confirms_not_what_the_estimates_say()
   assert estimated == [0, 2]  # what the estimates alone would call specific
   found, scorer = _find()
   assert found.selected == [1, 2] and found.confirmation.rejected == [0]
-  assert found.confirmation_masks == len(found.confirmation.measured) == len(set(scorer.asked)) >= 3
+  assert found.confirmation_masks == len(found.confirmation.measured) + 1 == len(set(scorer.asked)) + 1 >= 4
+  assert scorer.sets == [(1, 2)]  # the two reported heads, together
   assert found.confirmation.confirmed == 2 and found.confirmation.estimated == 0
   # Heads the method measured alone cost nothing more.
   reused, scorer = _find(known_heads=(0, 1))
@@ -146,4 +186,5 @@ def test_a_method_that_measured_its_candidates_alone_is_confirmed_at_no_extra_co
   # so the confirmed selection reads those measurements and ablates nothing more.
   found, scorer = _find(known_heads=tuple(range(6)))
   assert found.selected == [1, 2] and found.confirmation.rejected == [0]
-  assert found.confirmation_masks == 0 and scorer.asked == [] and sorted(found.confirmation.reused) == [0, 1, 2]
+  assert scorer.asked == [] and sorted(found.confirmation.reused) == [0, 1, 2]
+  assert found.confirmation_masks == 1 and scorer.sets == [(1, 2)]  # only the reported heads together

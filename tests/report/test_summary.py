@@ -40,3 +40,14 @@ def test_the_confirmation_says_what_it_cost_and_what_it_turned_down():
                          "identification documents; 3 of the method's own measurements reused)")
   assert "rejected 1: L0H4 (induction 41%)" in line and "aliased groups measured: L1H5/L27H4" in line
   assert "confirmation:" not in summary_table(_heads("plurals"), None)
+
+
+def test_the_confirmation_names_heads_turned_away_together():
+  heads = _heads("plurals")
+  heads["confirmation"] = {"masks": 9, "together": 5, "masks_together": 6, "reused_measurements": 0, "confirmed": 10,
+                           "estimated": 0, "rejected": {},
+                           "rejected_together": {"L3H1": {"with": ["L8H1", "L20H5"], "plurals": 0.7,
+                                                          "counting": 0.18, "induction": 0.02}}}
+  line = next(x for x in summary_table(heads, None).splitlines() if x.startswith("confirmation:"))
+  assert "documents, the first 5 together (6 masks);" in line
+  assert "turned away together 1: L3H1 (counting 18% with 2 selected)" in line
