@@ -11,7 +11,9 @@ All figures come from one process on one machine, so ratios are fair even on a s
   (e) workloads, each timed with today's engine and with the previous engine path (no packing, every mask from layer
       0, no shared prefill; `previous_engine`) in this one run: `default` (the default localization's measurements,
       `plurals` under 300 stratified masks), `one_shot_greedy` (`plurals` under every single-head mask) and
-      `generation` (HumanEval prompts under single-head masks, against `transformers.generate` too).
+      `generation` (HumanEval prompts under single-head masks, against `transformers.generate` too: through the
+      chat template like `humaneval`, or, for a base model whose tokenizer has none, in the plain completion format
+      of `humaneval_solutions`, the function's signature and docstring).
 Torch is imported only by the PyTorch parts; without it they are skipped.
 """
 
@@ -325,15 +327,20 @@ def single_head_masks(config: ModelConfig, heads: Sequence[int] | None = None) -
   return keep.reshape(len(heads), config.num_layers, config.num_heads)
 
 
+def humaneval_prompts(tokenizer, num_prompts: int) -> tuple[list[str], str]:
+  """The generation workload's prompts and their format: HumanEval through the chat template (`humaneval`) when
+  the tokenizer has one, else a base model's plain completion prompts (`humaneval_solutions`' contexts)."""
+  chat = bool(getattr(tokenizer, "chat_template", None))
+  task, docs = evaluation.load_task("humaneval" if chat else "humaneval_solutions", num_samples=num_prompts, seed=0,
+                                    data_dir=None)
+  return [r.context for r in task.requests(docs, tokenizer)], "chat template" if chat else "plain completion"
+
+
 def run_workloads(engine: Engine, cfg: "ThroughputConfig", torch_model, peak: float) -> dict[str, Any]:
   """The three workloads of the module docstring, each with `seconds_per_mask` (or `tokens_per_second`),
   `peak_fraction_real_tokens` and `speedup_vs_previous_engine`."""
   c = engine.model_config
-  # The generation workload's prompts first: a model whose tokenizer has no chat template is refused before minutes of
-  # scoring, not after.
-  gen_task, gen_docs = evaluation.load_task("humaneval", num_samples=cfg.workload_generation_prompts, seed=0,
-                                            data_dir=None)
-  prompts = [r.context for r in gen_task.requests(gen_docs, engine.tokenizer)]
+  prompts, prompt_format = humaneval_prompts(engine.tokenizer, cfg.workload_generation_prompts)
   engines = {"jaxloc": engine, "previous_engine": previous_engine(engine)}
   task, docs = evaluation.load_task("plurals", num_samples=cfg.workload_samples, seed=0, data_dir=None)
   requests = task.requests(docs, engine.tokenizer)
@@ -349,6 +356,7 @@ def run_workloads(engine: Engine, cfg: "ThroughputConfig", torch_model, peak: fl
              "previous_engine": previous_engine(engine, generation_batch=len(prompts))}
   workloads["generation"] = generation_workload(engines, torch_model, prompts, single_head_masks(c, heads),
                                                 cfg.workload_generation_tokens, peak)
+  workloads["generation"]["prompt_format"] = prompt_format
   log.info("generation workload: %s", {k: v for k, v in workloads["generation"].items() if not isinstance(v, dict)})
   return workloads
 
@@ -452,7 +460,8 @@ def format_workloads(workloads: dict[str, Any]) -> list[str]:
     lines.append(f"{name:16s} {now:>14s} {old:>16s} {w['speedup_vs_previous_engine']:8.2f}x "
                  f"{100 * w['peak_fraction_real_tokens']:15.0f}%")
   g = workloads["generation"]
-  line = (f"generation: {g['prompts']} HumanEval prompts ({g['prompt_tokens']} tokens) x {g['masks']} single-head "
+  line = (f"generation: {g['prompts']} HumanEval prompts ({g.get('prompt_format', 'chat template')}, "
+          f"{g['prompt_tokens']} tokens) x {g['masks']} single-head "
           f"masks, batch {g['batch']}, {g['max_new_tokens']} new tokens; jaxloc {g['jaxloc']['seconds']:.1f}s, "
           f"model-FLOP floor {g['floor_seconds']:.1f}s")
   if "transformers_generate" in g:

@@ -17,18 +17,15 @@ def test_compared_engines_differ_from_the_flags_engine_only_where_named(tiny_mod
   assert previous.mesh is engine.mesh and previous.model is engine.model
 
 
-def test_a_tokenizer_without_a_chat_template_is_refused_before_any_workload_runs(tokenizer):
-  """The generation workload prompts through a chat template: a base model's tokenizer (Gemma 3 270M's GGUF has none)
-  is refused first, not after minutes of scoring workloads (which would need a real engine: this one has none)."""
+def test_a_base_model_generates_from_plain_humaneval_prompts(tokenizer):
+  """The generation workload prompts through the chat template when the tokenizer has one; a base model's tokenizer
+  (Gemma 3 270M's GGUF has none) gets HumanEval's plain completion prompts: the function's signature and docstring."""
   import copy
-  import types
 
-  import pytest
-
-  from jaxloc.errors import UserError
-
+  chat, chat_format = throughput.humaneval_prompts(tokenizer, 3)
   plain = copy.deepcopy(tokenizer)
   plain.chat_template = None
-  engine = types.SimpleNamespace(model_config=None, tokenizer=plain)
-  with pytest.raises(UserError, match="chat template"):
-    throughput.run_workloads(engine, throughput.ThroughputConfig(), None, 1.0)
+  base, base_format = throughput.humaneval_prompts(plain, 3)
+  assert (chat_format, base_format) == ("chat template", "plain completion")
+  assert len(base) == 3 and all(p.lstrip().startswith(("def ", "from ", "import ")) for p in base), base
+  assert all(b in c for b, c in zip(base, chat))  # the same problems, each inside its chat rendering
