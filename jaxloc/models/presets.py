@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxloc.errors import UserError
-from jaxloc.models.config import ModelConfig, RopeScaling
+from jaxloc.models.config import ModelConfig, RopeScaling, config_from_hf
 
 _LLAMA3_ROPE = dict(rope_theta=500000.0, max_position_embeddings=131072)
 
@@ -28,6 +28,22 @@ PRESETS: dict[str, ModelConfig] = {
                               tie_word_embeddings=True, max_position_embeddings=32768),
     "smollm2-135m": ModelConfig("llama", 49152, 576, 1536, 30, 9, 3, 64, 1e-5, rope_theta=100000.0,
                                 tie_word_embeddings=True),
+    # The other families from their published config.json values, read by the converter real checkpoints go through.
+    "gemma-2-2b": config_from_hf(dict(
+        model_type="gemma2", vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=256, sliding_window=4096, max_position_embeddings=8192,
+        hidden_activation="gelu_pytorch_tanh")),
+    "gemma-3-1b": config_from_hf(dict(
+        model_type="gemma3_text", vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512, sliding_window_pattern=6,
+        max_position_embeddings=32768, hidden_activation="gelu_pytorch_tanh")),
+    "qwen3-8b": config_from_hf(dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6, max_position_embeddings=40960)),
+    "olmo-2-7b": config_from_hf(dict(
+        model_type="olmo2", vocab_size=100352, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, rope_theta=500000.0, rms_norm_eps=1e-6,
+        max_position_embeddings=4096)),
 }
 PREFIX = "random:"
 

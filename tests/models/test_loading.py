@@ -117,6 +117,23 @@ def test_random_presets_have_published_shapes():
   assert PRESETS["qwen2.5-7b"].num_heads * PRESETS["qwen2.5-7b"].head_dim == 3584
 
 
+def test_presets_of_the_other_families_have_their_published_parameter_counts():
+  """Each built by the converter from its config.json values; the counts are the model cards' rounded figures, so a
+  wrong field (an untied head, the vocabulary, a layer count) would show."""
+  import jax.numpy as jnp
+
+  from jaxloc.bench.memory import param_bytes
+  from jaxloc.models.config import FULL, SLIDING
+  from jaxloc.models.presets import PRESETS
+
+  published = {"gemma-2-2b": 2.61e9, "gemma-3-1b": 1.00e9, "qwen3-8b": 8.19e9, "olmo-2-7b": 7.30e9}
+  for name, count in published.items():
+    assert abs(param_bytes(PRESETS[name], jnp.float32) / 4 / count - 1) < 0.005, name
+  gemma3 = PRESETS["gemma-3-1b"]
+  assert gemma3.layer_types[:6] == (SLIDING,) * 5 + (FULL,) and gemma3.sliding_window == 512
+  assert PRESETS["gemma-2-2b"].attn_softcap == 50.0 and PRESETS["qwen3-8b"].qk_norm == "head"
+
+
 @pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_random_model_loads_and_runs():
   loaded = load_model("random:smollm2-135m", dtype=jnp.float32)
