@@ -23,7 +23,7 @@ Ground truth: every head ablated alone (`methods.base.single_head_plan`, one-sho
 every metric the task reports. For each (variant, budget, seed): recall of the ground truth's top-k, for every
 metric, and the score change from ablating the variant's top-k together (one more cached evaluation).
 
-With held-out documents and general tasks (`Judging`), each method is also judged by the heads a run of it would
+With held-out documents and general tasks (`bench.judging.Judging`), each method is also judged by the heads a run of it would
 report: the general tasks are scored under the method's masks on their identification documents, and the runner's
 own selection (`localize.confirm.find_heads`: universal heads confirmed on held-out documents, the default
 `--selection=specific` confirmed by single-head ablation on every task's identification documents, its extra masks
@@ -43,10 +43,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxloc.bench import diagnostics
+from jaxloc.bench.judging import Judging, held_out_drops, runner_selection
 from jaxloc.bench.problems import Problem, measure_gradient, real_problem, synthetic_problem
 from jaxloc.errors import UserError
 from jaxloc.heads import head_name
-from jaxloc.localize import aliasing, confirm, methods, specificity, validate
+from jaxloc.localize import methods, specificity, validate
 from jaxloc.localize.methods import Measured, Ranking
 from jaxloc.localize.methods.base import ATTRIBUTION, GRADIENT, OBJECTIVE, drive, single_head_plan
 from jaxloc.localize.methods.greedy import IterativeGreedyPlan
@@ -207,57 +208,6 @@ def run_variant(variant: Variant, problem: Problem, base: LocalizeSettings, budg
 
 
 @dataclasses.dataclass
-class Judging:
-  """Where each method's heads are judged as a run would judge them: the target on held-out documents, and every
-  general task on its identification documents (scored under each method's masks, as a run scores them) and on
-  held-out documents."""
-
-  held_out: Problem
-  general: list[tuple[str, Problem, Problem]]  # (task, identification documents, held-out documents)
-
-  @property
-  def names(self) -> list[str]:
-    return [name for name, _, _ in self.general]
-
-
-class ProblemScorer:
-  """`validate.Measures` over problems: each task's metric under keep-masks, from its mask cache (a head checked
-  alone for one method is free for every other)."""
-
-  def __init__(self, names: Sequence[str], problems: Sequence[Problem], metrics: Sequence[str]):
-    self.names, self.problems, self.metrics = list(names), list(problems), list(metrics)
-    self.num_layers, self.units_per_layer = problems[0].num_layers, problems[0].num_heads
-
-  def means(self, keep: np.ndarray) -> list[np.ndarray]:
-    ablated = np.asarray(keep) < 0.5
-    return [np.asarray(p.measure(ablated)[m], np.float64) for p, m in zip(self.problems, self.metrics)]
-
-
-def measured_on(problem: Problem, masks: np.ndarray) -> Measured:
-  """`problem` scored under `masks` (bool [M, L, H]), every metric, its headline metric localized."""
-  masks = np.asarray(masks, bool)
-  metrics = problem.measure(masks) if len(masks) else {m: np.zeros((0,)) for m in problem.metric_names}
-  return Measured(masks, {m: np.asarray(v, np.float64) for m, v in metrics.items()}, problem.baseline,
-                  problem.headline_metric)
-
-
-def runner_selection(run: MethodRun, problem: Problem, judging: Judging) -> confirm.Found:
-  """The heads a run of this method would report (`confirm.find_heads`, the runner's own selection): the general
-  tasks scored under the method's masks on their identification documents and estimated by its plan, universal
-  heads confirmed on the held-out documents, the selection confirmed on the identification documents."""
-  names = [problem.name, *judging.names]
-  general = [measured_on(identification, run.measured.masks) for _, identification, _ in judging.general]
-  estimates = [specificity.estimate(run.plan, m) for m in general]
-  metrics = [run.measured.metric, *(p.headline_metric for _, p, _ in judging.general)]
-  confirming = ProblemScorer(names, [judging.held_out, *(p for _, _, p in judging.general)], metrics)
-  identification = ProblemScorer(names, [problem, *(p for _, p, _ in judging.general)], metrics)
-  excluded = np.zeros(problem.num_total, bool)
-  return confirm.find_heads(run.settings, run.ranked, estimates, [run.measured, *general], excluded, confirming,
-                            identification, aliasing.of_measurements(run.measured.masks, excluded))
-
-
-
-@dataclasses.dataclass
 class GroundTruth:
   """One-shot greedy on every head: change [metric] -> float [N]; ranking [metric] -> int [N]."""
 
@@ -304,7 +254,8 @@ def headline_drop(problem: Problem, masks: np.ndarray) -> np.ndarray:
 
 def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings, budgets: Sequence[float],
           seeds: Sequence[int], k: int, truth: GroundTruth, planted: np.ndarray | None = None,
-          progress: Callable[[str], None] | None = None, judging: Judging | None = None) -> list[dict[str, Any]]:
+          progress: Callable[[str], None] | None = None, judging: Judging | None = None
+          ) -> list[dict[str, Any]]:
   """One record per (variant, budget, seed) with recall and the top-k ablation change; with `judging`, also the
   heads the runner would select (`runner_selection`) and the relative drop that its top-k and the raw top-k cause
   on the held-out documents of the task and of each general task, in each problem's headline metric."""
@@ -340,26 +291,16 @@ def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings,
     if planted is not None:
       record["recall_planted"] = recall(result.ranking, planted, k)
     if held is not None:
-      record.update(_held_out_drops(held[i], {name: d[i] for name, d in others.items()}))
+      record.update(held_out_drops(held[i], {name: d[i] for name, d in others.items()}))
     if found is not None:
       j = len(raw) + i  # every run has a selection when judged
       record.update(selected_top_k=names(problem, found.selected[:k]), universal=names(problem, found.universal),
                     confirmation_masks=found.confirmation_masks,
                     evaluations_with_confirmation=float(result.evaluations) + found.confirmation_masks)
       record.update({f"selected_{key}": value for key, value in
-                     _held_out_drops(held[j], {name: d[j] for name, d in others.items()}).items()})
+                     held_out_drops(held[j], {name: d[j] for name, d in others.items()}).items()})
     records.append(record)
   return records
-
-
-def _held_out_drops(task: float, general: dict[str, float]) -> dict[str, Any]:
-  """A top-k's held-out relative drop on the task, on each general task, and the largest of those."""
-  out: dict[str, Any] = {"held_out_relative_drop": float(task)}
-  if general:
-    out["general_relative_drop"] = {name: float(d) for name, d in general.items()}
-    finite = [d for d in out["general_relative_drop"].values() if np.isfinite(d)]
-    out["max_general_relative_drop"] = max(finite) if finite else float("nan")
-  return out
 
 
 def summarize(records: Sequence[dict[str, Any]], metric: str, k: int) -> list[dict[str, Any]]:
