@@ -20,7 +20,7 @@ sys.meta_path.insert(0, _Absent())
 """
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # a few minutes: CI runs it (README's test command), the fast tier does not
 def test_the_kit_runs_every_step_on_cpu_without_the_optional_dependencies(tmp_path, tokenizer):
   tokenizer_dir = str(tmp_path / "tokenizer")
   tokenizer.save_pretrained(tokenizer_dir)  # what --pack ships instead of the SmolLM2 package
@@ -44,7 +44,7 @@ def test_the_kit_runs_every_step_on_cpu_without_the_optional_dependencies(tmp_pa
   assert tiny["masks_per_second"] > 0 and tiny["generation_tokens_per_s"] > 0 and 0 < tiny["compilations"] <= 6
   assert 1.0 <= steps["memory"]["tiny"]["ratio"] < 1.5  # the planner never under XLA's own accounting
   rehearsal = steps["rehearsal"]["float32"]
-  assert rehearsal["engine"]["compilations"] <= 11 and rehearsal["peak_host_gib"] > 0
+  assert rehearsal["engine"]["compilations"] <= 10 and rehearsal["peak_host_gib"] > 0
   assert rehearsal["planner"]["scoring_shapes"]
 
 
