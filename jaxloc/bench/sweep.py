@@ -23,10 +23,10 @@ Ground truth: every head ablated alone (`methods.base.single_head_plan`, one-sho
 every metric the task reports. For each (variant, budget, seed): recall of the ground truth's top-k, for every
 metric, and the score change from ablating the variant's top-k together (one more cached evaluation).
 
-With held-out documents and general tasks (`bench.judging.Judging`), each method is also judged by the heads a run of it would
-report: the general tasks are scored under the method's masks on their identification documents, and the runner's
-own selection (`localize.confirm.find_heads`: universal heads confirmed on held-out documents, the default
-`--selection=specific` confirmed by single-head ablation on every task's identification documents, its extra masks
+With held-out documents and general tasks (`bench.judging.Judging`), each method is also judged by the heads a run
+of it would report: the general tasks are scored under the method's masks on their identification documents, and
+the runner's own selection (`localize.confirm.find_heads`: universal heads confirmed on held-out documents, the
+default `--selection=specific` confirmed by ablation on every task's identification documents, its extra masks
 counted) picks the top-k, which is then ablated together on the held-out documents of the target and of every
 general task. The raw ranking's top-k is judged there too (the `top_k` of a record, which recall scores).
 """
@@ -249,7 +249,8 @@ def names(problem: Problem, heads: Sequence[int]) -> list[str]:
 
 def headline_drop(problem: Problem, masks: np.ndarray) -> np.ndarray:
   """float [M]: the relative drop of the problem's headline metric under each mask (NaN for a zero baseline)."""
-  return validate.relative_drop(problem.baseline[problem.headline_metric], problem.measure(masks)[problem.headline_metric])
+  metric = problem.headline_metric
+  return validate.relative_drop(problem.baseline[metric], problem.measure(masks)[metric])
 
 
 def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings, budgets: Sequence[float],
@@ -433,18 +434,18 @@ def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_na
   problem, cache = real_problem(evaluator, cfg.model, part="all", headline_metric=cfg.headline_metric, **common)
   judging, trained_on = None, [evaluator]
   if cfg.validation_samples:
-    held_out, _ = real_problem(Evaluator(engine, task_name, task, held_docs), cfg.model, part="held_out",
+    held_out, _ = real_problem(evaluator.on(held_docs), cfg.model, part="held_out",
                                headline_metric=cfg.headline_metric, **common)
     judging = Judging(held_out, [])
     for name in dict.fromkeys(g for g in cfg.general_tasks if g != task_name):
       g_task, g_docs, g_held = load_task_split(name, **split)
       # Identification documents as the target's are (a task benchmarked as a target shares its cache).
-      parts = [real_problem(Evaluator(engine, name, g_task, d), cfg.model, part=part,
-                            headline_metric=g_task.default_metric, **common)[0]
-               for d, part in ((g_docs, "all"), (g_held, "held_out"))]
+      identification = Evaluator(engine, name, g_task, g_docs)
+      parts = [real_problem(e, cfg.model, part=part, headline_metric=g_task.default_metric, **common)[0]
+               for e, part in ((identification, "all"), (identification.on(g_held), "held_out"))]
       judging.general.append((name, *parts))
       if g_task.output_type == "loglikelihood":
-        trained_on.append(Evaluator(engine, name, g_task, g_docs))
+        trained_on.append(identification)
   if problem.objective is not None:
     problem.objective = RetainedProbability(trained_on)
   base = cfg.base_settings(task_name)

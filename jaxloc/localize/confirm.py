@@ -60,7 +60,9 @@ class Confirmation:
   together: int = 0  # the first `together` heads of the selection were confirmed ablated together too
   set_drops: dict[tuple[int, ...], np.ndarray] = dataclasses.field(default_factory=dict)  # heads ablated together
   measured_sets: list[tuple[int, ...]] = dataclasses.field(default_factory=list)  # new masks of several heads
-  rejected_together: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # head -> the set failed
+  # Heads that passed alone but not with the selection so far (head -> the set that failed); they may still come
+  # after the first `together` heads, where the single rule holds.
+  rejected_together: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
   @property
   def masks(self) -> int:
@@ -69,8 +71,9 @@ class Confirmation:
 
   def facts(self, name: Callable[[int], str], tasks: Sequence[str], max_general_drop: float) -> dict[str, Any]:
     return {
-        "rule": (f"each selected unit ablated alone on the identification documents, and the first {self.together} "
-                 f"ablated together: every general task drops by ≤ {100 * max_general_drop:.0f}% (relative)"),
+        "rule": ("each selected unit ablated alone on the identification documents"
+                 + (f", and the first {self.together} ablated together" if self.together else "")
+                 + f": every general task drops by ≤ {100 * max_general_drop:.0f}% (relative)"),
         "masks": self.masks, "together": self.together, "masks_together": len(self.measured_sets),
         "reused_measurements": len(self.reused), "confirmed": self.confirmed, "estimated": self.estimated,
         "rejected": {name(h): {t: float(d) for t, d in zip(tasks, self.drops[h])} for h in self.rejected},
@@ -150,21 +153,35 @@ def confirm(order: Sequence[int], count: int, passes: Callable[[np.ndarray], boo
   regrouped: list[list[int]] = []
   seen: set[int] = set()
 
+  def candidates(h: int) -> list[int]:
+    """The heads that h's place in the order stands for: h, or its aliased group in measured order, members
+    without a target drop of their own left out (`regrouped` records each group once)."""
+    group = [m for m in groups(h) if m not in seen]
+    if len(group) <= 1:
+      return group
+    group = sorted(group, key=lambda m: -drops[m][0])
+    return [m for m in group if drops[m][0] > 0]
+
   def joins(m: int, upcoming: list[int]) -> bool:
     """Whether m, which passed alone, joins the selection: past its first `together` heads always, else when the
     selection with m passes ablated together. One batch measures the selection grown by m and by each following
-    candidate that passed alone, as if each joined."""
+    candidate (`upcoming`) that passed alone, as if each joined."""
     if not selected or len(selected) >= together:
       return True
     key = (*selected, m)
     if key not in sets:
-      ahead = [m] + [h for h in upcoming if h in drops and h not in seen and passes(drops[h])]
-      ahead = list(dict.fromkeys(ahead))[:together - len(selected)]
+      ahead = [m] + [h for h in upcoming if h in drops and passes(drops[h])]
+      ahead = list(dict.fromkeys(ahead))[:min(together, count) - len(selected)]
       measure_sets([(*selected, *ahead[:i + 1]) for i in range(len(ahead))])
     if passes(sets[key]):
       return True
     rejected_together[m] = key
     return False
+
+  def add(m: int) -> None:
+    selected.append(m)
+    if len(selected) == together:  # past the heads confirmed together: those turned away pass on the single rule
+      selected.extend(list(rejected_together)[:count - len(selected)])
 
   position = 0
   while len(selected) < count and position < len(order):
@@ -177,24 +194,25 @@ def confirm(order: Sequence[int], count: int, passes: Callable[[np.ndarray], boo
       position += 1
       if h in seen:
         continue
-      group = [m for m in groups(h) if m not in seen]
-      seen.update(group)
-      if len(group) > 1:
-        group = sorted(group, key=lambda m: -drops[m][0])
-        regrouped.append(group)
-        group = [m for m in group if drops[m][0] > 0]
+      group = candidates(h)
+      if len(groups(h)) > 1 and len([m for m in groups(h) if m not in seen]) > 1:
+        regrouped.append(sorted([m for m in groups(h) if m not in seen], key=lambda m: -drops[m][0]))
+      seen.update(m for m in groups(h))
+      # What follows m, for a speculative batch: the rest of its group, then the window's next candidates.
+      following = [u for later in window[i + 1:] if later not in seen for u in candidates(later)]
       for j, m in enumerate(group):
         if len(selected) >= count:
           break
         if not passes(drops[m]):
           rejected.append(m)
-        elif joins(m, group[j + 1:] + window[i + 1:]):
-          selected.append(m)
+        elif joins(m, group[j + 1:] + following):
+          add(m)
       if len(selected) == count:
         break
   used = set(selected) | set(rejected) | set(rejected_together) | {m for g in regrouped for m in g}
   return selected, Confirmation(drops, measured, [h for h in known if h in used], rejected, regrouped,
-                                confirmed=len(selected), together=min(together, len(selected)), set_drops=sets,
+                                confirmed=len(selected), together=min(together, len(selected)) if len(selected) > 1
+                                else 0, set_drops=sets,
                                 measured_sets=measured_sets, rejected_together=rejected_together)
 
 
@@ -210,7 +228,7 @@ class Found:
   universal: list[int]  # confirmed
   selected: list[int]  # max(curve_k, top_k) heads, in order
   alone: dict[int, np.ndarray]  # head -> relative drop per task ablated alone, on the confirming documents
-  confirmation: Confirmation | None = None  # --selection=specific with general tasks: the selection measured alone
+  confirmation: Confirmation | None = None  # --selection=specific with general tasks: the selection as measured
 
   @property
   def confirmation_masks(self) -> int:

@@ -391,7 +391,7 @@ def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring
                 excluded: np.ndarray, confirming: validate.Scorer, identification: validate.Scorer,
                 design: aliasing.DesignDiagnostics | None) -> confirm.Found:
   """Universal heads and the selection (`confirm.find_heads`: with general tasks and --selection=specific, confirmed
-  by single-head measurements on the identification documents), then the first --curve_k selected heads ablated
+  on the identification documents by single-head measurements and the top-k's together), then the first --curve_k selected heads ablated
   alone on the confirming documents (a neuron selection of hundreds is checked alone only at its head)."""
   found = confirm.find_heads(settings, ranking, general_rankings, [m.store for m in measuring], excluded, confirming,
                              identification, design, settings.output_dir)

@@ -54,7 +54,8 @@ def _confirmation(c: dict[str, Any], evaluations: int, unit: str) -> str:
       task, worst = max([(t, d) for t, d in drops.items() if t != "with"][1:],
                         key=lambda item: -math.inf if math.isnan(item[1]) else item[1])
       named.append(f"{name} ({task} {_percent(worst).strip()} with {len(drops['with'])} selected)")
-    line += f"; turned away together {len(turned)}: " + ", ".join(named)
+    more = f", {len(turned) - MAX_REJECTED} more" if len(turned) > MAX_REJECTED else ""
+    line += f"; turned away together {len(turned)}: " + ", ".join(named) + more
   groups = c.get("aliased_groups_measured") or []
   if groups:
     line += "; aliased groups measured: " + ", ".join("/".join(g) for g in groups)

@@ -49,14 +49,15 @@ def test_candidates_are_measured_until_enough_pass(monkeypatch, tmp_path):
   # A resumed run reads the saved confirmations and measures nothing again.
   again = FakeScorer(TABLE)
   _patch(monkeypatch, again)
-  assert confirm.confirm([0, 1, 2, 3, 4, 5, 6, 7], 3, passes, known, again, lambda h: [h], str(tmp_path))[0] == [1, 2, 4]
+  again_selected, _ = confirm.confirm([0, 1, 2, 3, 4, 5, 6, 7], 3, passes, known, again, lambda h: [h], str(tmp_path))
+  assert again_selected == [1, 2, 4]
   assert again.asked == []
 
 
 def test_the_reported_heads_are_confirmed_together_too(monkeypatch, tmp_path):
   # Heads 1, 2 and 5 each spare the general task alone (0.0, 0.05, 0.05): 1 + 2 pass together (0.05), 1 + 2 + 5 do
-  # not (0.10 > 0.09), so 5 is turned away and 6 joins; past the first `together` heads only the single rule holds
-  # (7: 0.05 alone, 0.10 with the three).
+  # not (0.10 > 0.09), so 5 is turned away and 6 joins; past the first `together` heads only the single rule holds,
+  # and 5, turned away, comes back there before 7.
   table = {**TABLE, 5: [0.05, 0.05], 6: [0.04, 0.0], 7: [0.03, 0.05]}
   limit = lambda drops: bool(np.all(drops[1:] <= 0.09))
   scorer = FakeScorer(table)
@@ -69,8 +70,8 @@ def test_the_reported_heads_are_confirmed_together_too(monkeypatch, tmp_path):
   _patch(monkeypatch, scorer)
   selected, c = confirm.confirm([1, 2, 5, 6, 7], 4, limit, {}, scorer, lambda h: [h], str(tmp_path / "b"),
                                 together=3)
-  assert selected == [1, 2, 6, 7] and c.rejected_together == {5: (1, 2, 5)} and c.rejected == []
-  assert c.together == 3 and (1, 2, 6) in c.set_drops  # 7 joined on the single rule: three heads were confirmed
+  assert selected == [1, 2, 6, 5] and c.rejected_together == {5: (1, 2, 5)} and c.rejected == []
+  assert c.together == 3 and (1, 2, 6) in c.set_drops
   # First batch: the selection grown by 2, then by 5, as if each joined; turning 5 away took one more batch.
   assert scorer.sets == [[(1, 2), (1, 2, 5)], [(1, 2, 6)]]
   assert c.masks == len(c.measured) + 3 and sorted(c.measured_sets) == [(1, 2), (1, 2, 5), (1, 2, 6)]
@@ -78,8 +79,25 @@ def test_the_reported_heads_are_confirmed_together_too(monkeypatch, tmp_path):
   again = FakeScorer(table)
   _patch(monkeypatch, again)
   assert confirm.confirm([1, 2, 5, 6, 7], 4, limit, {}, again, lambda h: [h], str(tmp_path / "b"),
-                         together=3)[0] == [1, 2, 6, 7]
+                         together=3)[0] == [1, 2, 6, 5]
   assert again.asked == [] and again.sets == []
+
+
+def test_speculation_follows_aliased_groups_and_stops_at_the_count(monkeypatch):
+  # 10 and 11 always ablated together: after 1 joins, the batch holds 1 + 11 (measured first), 1 + 11 + 10, then 2.
+  table = {1: [0.5, 0.0], 2: [0.4, 0.0], 3: [0.3, 0.0], 10: [0.2, 0.0], 11: [0.45, 0.0]}
+  scorer = FakeScorer(table)
+  _patch(monkeypatch, scorer)
+  groups = {10: [10, 11], 11: [10, 11]}
+  selected, c = confirm.confirm([1, 10, 2, 3], 4, passes, {}, scorer, lambda h: groups.get(h, [h]), None, together=4)
+  assert selected == [1, 11, 10, 2] and c.regrouped == [[11, 10]]
+  assert scorer.sets == [[(1, 11), (1, 11, 10), (1, 11, 10, 2)]]  # one batch, every set the one needed
+  scorer = FakeScorer(table)
+  _patch(monkeypatch, scorer)
+  selected, c = confirm.confirm([1, 2, 3], 2, passes, {}, scorer, lambda h: [h], None, together=5)
+  assert selected == [1, 2] and scorer.sets == [[(1, 2)]] and c.together == 2  # no set beyond the count
+  one, c = confirm.confirm([1, 2, 3], 1, passes, {}, FakeScorer(table), lambda h: [h], None, together=5)
+  assert one == [1] and c.together == 0 and "together" not in c.facts(str, ["t", "g"], 0.1)["rule"]
 
 
 def test_an_aliased_group_is_ordered_by_measurement_and_members_without_effect_leave(monkeypatch):
@@ -181,7 +199,7 @@ def test_a_neuron_selection_is_confirmed_at_its_head_and_continues_with_the_esti
   assert found.selected == [1, 2, 3, 4] and found.confirmation.estimated == 3
 
 
-def test_a_method_that_measured_its_candidates_alone_is_confirmed_at_no_extra_cost():
+def test_a_method_that_measured_its_candidates_alone_adds_only_the_mask_of_them_together():
   # The default run's case: gradient_confirm ablated its best heads alone on every task's identification documents,
   # so the confirmed selection reads those measurements and ablates nothing more.
   found, scorer = _find(known_heads=tuple(range(6)))

@@ -54,7 +54,8 @@ def test_loglikelihood_task_goes_through_score():
   metrics = Evaluator(engine, "counting", task, task.load_docs(num_samples=5), "fill").run(masks)
   assert engine.calls == ["score"] and engine.fills == ["fill"]
   np.testing.assert_allclose(metrics["accuracy"], [1.0, 0.0, 1.0])
-  held_out = Evaluator(engine, "counting", task, task.load_docs(num_samples=5), "fill").on(task.load_docs(num_samples=3))
+  evaluator = Evaluator(engine, "counting", task, task.load_docs(num_samples=5), "fill")
+  held_out = evaluator.on(task.load_docs(num_samples=3))
   np.testing.assert_allclose(held_out.run(masks)["accuracy"], [1.0, 0.0, 1.0])
   assert engine.calls == ["score", "score held out"]  # scored in a few calls: its layout may pad (few_calls)
   np.testing.assert_allclose(metrics["logprob"], [8.0, 4.0, 8.0])
