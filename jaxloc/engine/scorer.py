@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from jaxloc.engine import scoring
+from jaxloc.engine.batching import bucket_pow2
 from jaxloc.engine.masks import check_fills, check_masks, start_layers
 from jaxloc.engine.mesh import to_host
 from jaxloc.engine.planner import GIB
@@ -24,6 +25,24 @@ from jaxloc.engine.requests import ScoreOutputs, ScoringRequest
 from jaxloc.engine.shared import Shared
 
 log = logging.getLogger(__name__)
+
+
+def call_size(needed: int, planned: int, compiled: set[int], full_call_seconds: float | None,
+              compile_seconds: float | None) -> int:
+  """Masks per call for a request set scored under `needed` masks: the planner's `planned` (every call of a shape
+  takes it, so a baseline, a validation curve and a design batch share one compile), unless all `needed` fit one
+  call and the power of two that holds them is compiled already (`compiled`) or computing it instead saves more
+  than a compile costs: (1 - size / planned) of the shape's full call against `compile_seconds`, both measured by
+  this engine (None: not yet, keep the planned size). On an accelerator a compile costs tens of seconds and a call
+  far less; on a CPU at 1B parameters a full call of the planner's masks costs more than many compiles."""
+  if needed >= planned:
+    return planned
+  size = min(bucket_pow2(needed), planned)
+  if size in compiled:
+    return size
+  if full_call_seconds is None or compile_seconds is None:
+    return planned
+  return size if (1 - size / planned) * full_call_seconds > compile_seconds else planned
 
 
 class Scorer:
@@ -37,6 +56,16 @@ class Scorer:
     self._residuals_fn = shared.jit(functools.partial(scoring.unablated_residuals, module, dtype=dtype))
     self.jitted = (self._prefix_fn, self._score_fn, self._residuals_fn)
     self._too_big: set = set()  # request sets whose streams did not fit the residual cache (warned once)
+    self._sizes: dict = {}  # call shape -> the masks per call compiled for it (`call_size`)
+    self._full_call: dict = {}  # call shape -> seconds of its fastest full call that compiled nothing
+
+  def _compiled(self) -> int:
+    return sum(fn.compiled_shapes() for fn in self.jitted)
+
+  def _compile_seconds(self, kernels: int) -> float | None:
+    """What compiling `kernels` more kernels should cost: this engine's mean compile so far (None before any)."""
+    compiled = self._compiled()
+    return kernels * self.shared.stats.compile.seconds / compiled if compiled else None
 
   def _residual_streams(self, requests: Sequence[ScoringRequest], lay: scoring.ScoringLayout, chunks: list):
     """The unablated residual streams of a laid-out request set, per chunk (computed once per request set and chunk
@@ -83,7 +112,11 @@ class Scorer:
     masks = check_masks(config, head_masks, neuron_masks)
     lay, plan = shared.layouts.prepare(requests, few_calls)
     fill = place.fills(check_fills(config, head_fill, neuron_fill))
-    per_call = plan.masks_per_call
+    shape = (0 if lay.prefix is None else len(lay.prefix), len(lay.chunks), lay.chunks[0].rows.tokens.shape)
+    sizes = self._sizes.setdefault(shape, {plan.masks_per_call})
+    per_call = call_size(len(masks), plan.masks_per_call, sizes, self._full_call.get(shape),
+                         self._compile_seconds(1 + (lay.prefix is not None)))
+    sizes.add(per_call)
     shard_masks = per_call % place.data_parallel == 0
     mask_sharding = place.split(3) if shard_masks else place.replicated
     row_sharding = place.replicated if shard_masks else place.split(2)
@@ -98,6 +131,7 @@ class Scorer:
     def dispatch(begin: int):
       """Starts one batch of masks on the devices (asynchronously) and returns its handles."""
       start = time.perf_counter()
+      compiled = self._compiled()
       members = order[begin:begin + per_call]
       ablation = place.ablation(masks.rows(members).padded(per_call), fill, mask_sharding)
       layer = min(int(starts[members].min()), num_layers - 1)
@@ -110,13 +144,15 @@ class Scorer:
                    else None)
         results = [self._score_fn(place.params, ablation, context, rows, at, chunk_streams[1])
                    for (_, rows), chunk_streams in zip(chunks, streams)]
-      return members, layer, results, time.perf_counter() - start
+      return members, layer, results, start, time.perf_counter() - start, self._compiled() > compiled
 
     logprob = np.zeros((len(masks), lay.num_requests), np.float32)
     is_greedy = np.zeros((len(masks), lay.num_requests), bool)
     done = np.zeros(len(masks), bool)
 
-    def collect(members: np.ndarray, layer: int, results, seconds: float):
+    last = [0.0]  # when the previous batch came back: a pipelined batch's call time is counted from then
+
+    def collect(members: np.ndarray, layer: int, results, dispatched: float, seconds: float, compiling: bool):
       start = time.perf_counter()
       real = len(members)
       for (chunk, _), (lp, greedy) in zip(chunks, results):
@@ -131,7 +167,12 @@ class Scorer:
       stats.padded_tokens += per_call * lay.padded_tokens_per_mask
       stats.layer_tokens += real * lay.tokens_per_mask * (num_layers - layer)
       stats.targets += real * int(lay.num_targets.sum())
-      stats.seconds += seconds + time.perf_counter() - start
+      end = time.perf_counter()
+      stats.seconds += seconds + end - start
+      if per_call == plan.masks_per_call and not compiling:
+        took = end - max(dispatched, last[0])
+        self._full_call[shape] = min(self._full_call.get(shape, took), took)
+      last[0] = end
 
     # The next batch is dispatched before the caller gets (and saves) the previous one, so the devices never
     # wait for the host's bookkeeping.

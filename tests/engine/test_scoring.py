@@ -197,6 +197,34 @@ def test_every_call_of_a_layout_takes_one_number_of_masks(tiny_model):
   assert engine.compile_count == compiled
 
 
+def test_call_size_pads_to_the_plan_unless_a_smaller_call_saves_more_than_a_compile():
+  from jaxloc.engine.scorer import call_size
+
+  assert call_size(100, 85, {85}, 50.0, 2.0) == 85  # more than a call: the planned size
+  assert call_size(3, 85, {85}, None, 2.0) == 85  # no full call timed yet
+  assert call_size(3, 85, {85}, 50.0, None) == 85  # nothing compiled yet
+  assert call_size(3, 85, {85}, 1.0, 4.0) == 85  # SmolLM2-like: padding costs less than a compile
+  assert call_size(3, 85, {85}, 50.0, 2.0) == 4  # 1B on a CPU: a full call costs 25 compiles
+  assert call_size(3, 85, {85, 4}, 0.1, 4.0) == 4  # compiled already: free
+  assert call_size(60, 85, {85}, 50.0, 20.0) == 85  # 64 would save 12 s, less than a 20 s compile
+
+
+def test_a_few_masks_take_a_smaller_call_when_a_full_one_costs_more_than_a_compile(tiny_model):
+  requests = few_shot_requests(10, seed=3)
+  masks = random_masks(tiny_model.config, 30, seed=3)
+  engine = Engine(tiny_model, EngineConfig(tokens_per_batch=80 * 24, compilation_cache="none"))
+  full = engine.score(requests, masks).logprob  # full calls, timed
+  compiled = engine.compile_count
+  np.testing.assert_allclose(engine.score(requests, masks[:3]).logprob, full[:3], atol=1e-5)
+  assert engine.compile_count == compiled  # a tiny model's full call costs less than a compile: padded
+  engine.scorer._full_call = {shape: 1e6 for shape in engine.scorer._full_call}  # as if each took 11 days
+  np.testing.assert_allclose(engine.score(requests, masks[:3]).logprob, full[:3], atol=1e-5)
+  assert engine.compile_count > compiled
+  compiled = engine.compile_count
+  engine.score(requests, masks[:4])  # the 4-mask call is compiled now
+  assert engine.compile_count == compiled
+
+
 def test_held_out_documents_pad_into_a_shape_laid_out_before(tiny_model):
   """Requests scored in a few calls (held-out documents, half as many as the identification ones) take the larger
   shape compiled before instead of compiling their own; scored often, they get their own. Scores are the same."""
