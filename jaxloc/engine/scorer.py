@@ -13,7 +13,6 @@ import logging
 import time
 from typing import Callable, Iterator, Sequence
 
-import jax
 import numpy as np
 
 from jaxloc.engine import scoring
