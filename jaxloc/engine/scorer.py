@@ -26,22 +26,28 @@ from jaxloc.engine.shared import Shared
 log = logging.getLogger(__name__)
 
 
+# A smaller call is compiled only when it saves this many compiles' worth of compute: a handful of calls take it.
+COMPILE_MARGIN = 4.0
+
+
 def call_size(needed: int, planned: int, compiled: set[int], full_call_seconds: float | None,
               compile_seconds: float | None) -> int:
   """Masks per call for a request set scored under `needed` masks: the planner's `planned` (every call of a shape
   takes it, so a baseline, a validation curve and a design batch share one compile), unless all `needed` fit one
-  call and the power of two that holds them is compiled already (`compiled`) or computing it instead saves more
-  than a compile costs: (1 - size / planned) of the shape's full call against `compile_seconds`, both measured by
-  this engine (None: not yet, keep the planned size). On an accelerator a compile costs tens of seconds and a call
-  far less; on a CPU at 1B parameters a full call of the planner's masks costs more than many compiles."""
+  call and a smaller size pays. A shape gets at most one smaller size (`compiled` holds its sizes): the power of two
+  that holds `needed`, once computing it instead saves more than COMPILE_MARGIN compiles: (1 - size / planned) of
+  the shape's full call against `compile_seconds`, both measured by this engine (None: not yet, keep the planned
+  size); later calls that fit it take it. On an accelerator a compile costs tens of seconds and a call far less;
+  on a CPU at 1B parameters a full call of the planner's masks costs more than a dozen compiles."""
   if needed >= planned:
     return planned
-  size = min(bucket_pow2(needed), planned)
-  if size in compiled:
-    return size
+  smaller = [s for s in compiled if s < planned]
+  if smaller:
+    return smaller[0] if needed <= smaller[0] else planned
   if full_call_seconds is None or compile_seconds is None:
     return planned
-  return size if (1 - size / planned) * full_call_seconds > compile_seconds else planned
+  size = min(bucket_pow2(needed), planned)
+  return size if (1 - size / planned) * full_call_seconds > COMPILE_MARGIN * compile_seconds else planned
 
 
 class Scorer:
@@ -62,9 +68,11 @@ class Scorer:
     return sum(fn.compiled_shapes() for fn in self.jitted)
 
   def _compile_seconds(self, kernels: int) -> float | None:
-    """What compiling `kernels` more kernels should cost: this engine's mean compile so far (None before any)."""
-    compiled = self._compiled()
-    return kernels * self.shared.stats.compile.seconds / compiled if compiled else None
+    """What compiling `kernels` more kernels should cost: this engine's mean compile so far, executables read from
+    the persistent cache left out (None before any compile)."""
+    compile_time = self.shared.stats.compile
+    compiled = self._compiled() - compile_time.cache_hits
+    return kernels * compile_time.seconds / compiled if compiled > 0 else None
 
   def _residual_streams(self, requests: Sequence[ScoringRequest], lay: scoring.ScoringLayout, chunks: list):
     """The unablated residual streams of a laid-out request set, per chunk (computed once per request set and chunk

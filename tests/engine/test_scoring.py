@@ -203,10 +203,12 @@ def test_call_size_pads_to_the_plan_unless_a_smaller_call_saves_more_than_a_comp
   assert call_size(100, 85, {85}, 50.0, 2.0) == 85  # more than a call: the planned size
   assert call_size(3, 85, {85}, None, 2.0) == 85  # no full call timed yet
   assert call_size(3, 85, {85}, 50.0, None) == 85  # nothing compiled yet
-  assert call_size(3, 85, {85}, 1.0, 4.0) == 85  # SmolLM2-like: padding costs less than a compile
+  assert call_size(3, 85, {85}, 4.0, 1.0) == 85  # SmolLM2-like: padding costs less than a few compiles
   assert call_size(3, 85, {85}, 50.0, 2.0) == 4  # 1B on a CPU: a full call costs 25 compiles
   assert call_size(3, 85, {85, 4}, 0.1, 4.0) == 4  # compiled already: free
-  assert call_size(60, 85, {85}, 50.0, 20.0) == 85  # 64 would save 12 s, less than a 20 s compile
+  assert call_size(2, 85, {85, 4}, 50.0, 2.0) == 4  # one smaller size per shape: it takes what fits it
+  assert call_size(11, 85, {85, 4}, 50.0, 2.0) == 85  # and no second one
+  assert call_size(60, 85, {85}, 50.0, 4.0) == 85  # 64 would save 12 s, less than four 4 s compiles
 
 
 def test_a_few_masks_take_a_smaller_call_when_a_full_one_costs_more_than_a_compile(tiny_model):
