@@ -46,7 +46,7 @@ def test_the_default_run_page_in_a_real_browser(default_run, tmp_path):
     browser.open(path)
     assert browser.evaluate("document.querySelectorAll('#heatmap rect.cell').length") == 270
     assert browser.evaluate("document.getElementById('top-units').textContent").endswith(
-        "L8H1L20H5L12H8L12H5L17H5")
+        "L8H1L20H5L12H8L12H5L3H7")
     browser.click('#heatmap rect[data-unit="L20H5"]')
     details = browser.evaluate("document.getElementById('details').innerText")
     h = heads["L20H5"]
