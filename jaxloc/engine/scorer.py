@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Callable, Iterator, Sequence
 
+import jax
 import numpy as np
 
 from jaxloc.engine import scoring
@@ -69,7 +70,10 @@ class Scorer:
 
   def _compile_seconds(self, kernels: int) -> float | None:
     """What compiling `kernels` more kernels should cost: this engine's mean compile so far, executables read from
-    the persistent cache left out (None before any compile)."""
+    the persistent cache left out (None before any compile, and in a multi-process run, whose processes must all
+    pick the same call size but each time their own calls)."""
+    if jax.process_count() > 1:
+      return None
     compile_time = self.shared.stats.compile
     compiled = self._compiled() - compile_time.cache_hits
     return kernels * compile_time.seconds / compiled if compiled > 0 else None
