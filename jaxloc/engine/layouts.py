@@ -8,7 +8,8 @@ A run scores many request sets: every task's identification documents and its he
 gradients and learned masks, in any mix of tasks. Left to itself each would get a shape of its own. Two rules keep
 the count to a handful per run:
 
-  * the masks of every call of a shape pad to one number (the planner's, `Planner.scoring`), whatever the caller
+  * the masks of every call of a shape pad to one number (the planner's, `Planner.scoring`; the scorer may add one
+    smaller size where a full call costs several compiles, `scorer.call_size`), whatever the caller
     asks for: a baseline, a validation curve or a single-head check costs at most one full call, never a compile;
   * a request set takes a shape already laid out when it fits there (prefix no longer than its own, suffixes no
     wider than the rows, as many slots and targets) at most ADOPT_SLACK more compute than its own shape, whose

@@ -117,7 +117,8 @@ class Scorer:
 
     Masks are evaluated grouped by the first layer they ablate (a stable sort, so masks already in that order keep
     it): a batch starts at its lowest first ablated layer, from the unablated residual streams, when they fit the
-    residual cache. Every call takes the layout's number of masks (the last is padded with unablated ones)."""
+    residual cache. Every call takes the layout's number of masks (the last is padded with unablated ones), or the
+    shape's one smaller size when all the masks fit it (`call_size`)."""
     shared, place, stats = self.shared, self.shared.placement, self.shared.stats
     config = shared.model_config
     masks = check_masks(config, head_masks, neuron_masks)

@@ -391,8 +391,9 @@ def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring
                 excluded: np.ndarray, confirming: validate.Scorer, identification: validate.Scorer,
                 design: aliasing.DesignDiagnostics | None) -> confirm.Found:
   """Universal heads and the selection (`confirm.find_heads`: with general tasks and --selection=specific, confirmed
-  on the identification documents by single-head measurements and the top-k's together), then the first --curve_k selected heads ablated
-  alone on the confirming documents (a neuron selection of hundreds is checked alone only at its head)."""
+  on the identification documents by single-head measurements and the top-k's together), then the first --curve_k
+  selected heads ablated alone on the confirming documents (a neuron selection of hundreds is checked alone only at
+  its head)."""
   found = confirm.find_heads(settings, ranking, general_rankings, [m.store for m in measuring], excluded, confirming,
                              identification, design, settings.output_dir)
   missing = [h for h in found.selected[:settings.curve_k] if h not in found.alone]
