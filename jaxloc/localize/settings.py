@@ -206,8 +206,8 @@ class LocalizeSettings:
                                     "disjoint from the identification documents.", lower=1)
   selection: str = setting("specific", "specific: the target's best heads whose relative drop on every general task "
                            "is at most --specific_max_general_drop, each confirmed by ablating it alone on every "
-                           "task's identification documents, the top-k also together (extra masks, counted); raw: the target ranking as is. "
-                           "Universal heads are left out of both.", choices=("specific", "raw"))
+                           "task's identification documents, the top-k also together (extra masks, counted); raw: "
+                           "the target ranking as is. Universal heads are left out of both.", choices=("specific", "raw"))
   specific_max_general_drop: float = setting(0.1, "--selection=specific: the largest relative drop on "
                                              "any general task a selected head may have.", lower=0.0, upper=1.0)
   universal_threshold: float = setting(0.3, "A head is universal when ablating it alone drops at least "
