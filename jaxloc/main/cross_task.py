@@ -4,7 +4,8 @@
         --output_dir=runs/cross_task
 
 Reads each run's heads.json and ablation.json (held-out drops; no model is loaded) and writes
-cross_task.json, cross_task.md (the matrix and the paper's Table 2 shape) and cross_task.png.
+cross_task.json, cross_task.md (the matrix and the paper's Table 2 shape) and cross_task.png. Runs of several
+models give one matrix per model and a table of each target on each model, side by side.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from jaxloc.report import cross_task
 
 @dataclasses.dataclass
 class CrossTaskConfig:
-  runs: list = setting(None, "Run directories of `experiments.localize`, one per target task.", type=list,
+  runs: list = setting(None, "Run directories of `experiments.localize`, one per model and target task.", type=list,
                        required=True)
   output_dir: str = setting(None, "Where the table and the plot go.", type=str, required=True)
 
