@@ -343,15 +343,18 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
   # identification documents when not validating).
   t = time.perf_counter()
   metrics = [m.store.metric for m in measuring]
-  in_sample = validate.Scorer(identification, metrics)
+  in_sample = validate.Scorer(identification, metrics,
+                              progress="scoring on identification documents" if progress else None)
   confirming = in_sample
   if settings.validate:
-    confirming = validate.Scorer([e.on(td.held_out)
-                                  for e, td in zip(identification, tasks.all)], metrics)
+    confirming = validate.Scorer([e.on(td.held_out) for e, td in zip(identification, tasks.all)], metrics,
+                                 progress="scoring on held-out documents" if progress else None)
   found = _find_heads(settings, ranking, general_rankings, measuring, excluded, confirming, in_sample, design)
   if settings.validate:
     files.fault_point("validation")
     _validate(settings, found, confirming, in_sample)
+  in_sample.close()
+  confirming.close()
   timing["validate_seconds"] = time.perf_counter() - t
 
   t = time.perf_counter()

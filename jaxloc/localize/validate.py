@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from jaxloc.heads import unit_name
 from jaxloc.tasks.evaluation import Evaluator
@@ -69,9 +70,12 @@ class Scorer:
   evaluated once: the unablated model, a head that is both checked alone and first in a curve, and the prefix
   two curves share are measured one time however many reports use them."""
 
-  def __init__(self, eval_sets: Sequence[Evaluator], metrics: Sequence[str]):
+  def __init__(self, eval_sets: Sequence[Evaluator], metrics: Sequence[str], progress: str | None = None):
+    """`progress`: a description, to show a progress bar of the masks scored (per task), or None."""
     self.eval_sets, self.metrics = list(eval_sets), list(metrics)
     self._cache: list[dict[bytes, np.ndarray]] = [{} for _ in self.eval_sets]  # mask bytes -> float [docs]
+    self._progress = progress
+    self._bar: tqdm | None = None
     first = self.eval_sets[0]
     self.unit = first.unit
     self.num_layers, self.units_per_layer = first.engine.model_config.num_layers, first.units_per_layer
@@ -95,7 +99,18 @@ class Scorer:
       if todo:
         values = np.asarray(eval_set.run(keep[todo], per_doc=True)[metric], np.float64)
         cache.update(zip((keys[i] for i in todo), values))
+        if self._progress:
+          if self._bar is None:
+            self._bar = tqdm(desc=self._progress, unit="task·mask", dynamic_ncols=True)
+          self._bar.update(len(todo))
+          self._bar.set_postfix_str(eval_set.name, refresh=True)
     return [np.stack([cache[key] for key in keys]) for cache in self._cache]
+
+  def close(self) -> None:
+    """Ends the progress bar (the scores stay cached)."""
+    if self._bar is not None:
+      self._bar.close()
+      self._bar = None
 
   def means(self, keep: np.ndarray) -> list[np.ndarray]:
     """Per eval set, float [masks]: its metric under each keep-mask, averaged over the documents."""

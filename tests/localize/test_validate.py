@@ -1,5 +1,7 @@
 """Held-out drops and their intervals (paired bootstrap over documents)."""
 
+import re
+
 import numpy as np
 
 from jaxloc.localize import validate
@@ -50,6 +52,16 @@ def test_a_scorer_evaluates_each_distinct_mask_once_across_reports():
   np.testing.assert_allclose(curve["task"]["scores"], [4, 3, 2, 1])
   validate.ablation_curve([0, 2], 2, scorer)  # a prefix of the first curve: nothing new
   assert evaluator.masks_run == 6
+
+
+def test_a_scorer_with_a_description_shows_the_masks_it_scores(capsys):
+  scorer = validate.Scorer([_CountingEvaluator()], ["m"], progress="scoring on held-out documents")
+  validate.single_head_drops([0, 1], scorer)
+  validate.single_head_drops([0, 1], scorer)  # cached: the bar does not move
+  scorer.close()
+  err = capsys.readouterr().err
+  counts = [int(n) for n in re.findall(r": (\d+)task·mask \[", err)]
+  assert "scoring on held-out documents" in err and max(counts) == 3  # the unablated model and two heads
 
 
 def test_a_long_curve_measures_a_ladder_of_k():
