@@ -101,10 +101,13 @@ def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, c
   other, each with the scan's slice of that layer's weights: attention (per token row, part of the residual and
   q/k/v before and after rotation; three float32 copies of the attention scores) or the MLP (a residual and two
   intermediate-size rows; with many rows, 2.5 residuals and three intermediate rows outlast the weight slice).
-  After the layers, the logits phase holds the float32 logits of the scored positions and the final hidden rows.
+  After the layers, the logits phase holds the float32 logits of the scored positions and the final hidden rows; a
+  final-logit soft cap (Gemma 2) keeps a second float32 copy (the capped logits, which the log-softmax reads twice).
   The prefix keys/values (counted 1.5 times: the scan stacks them) stay live through both calls. The coefficients
   follow XLA's own buffer assignment (`compiled.memory_analysis()`), checked by `experiments.benchmark_memory`
-  over the planned calls and corner shapes of six presets: never under it, at most ~25% over.
+  over the planned calls and corner shapes of ten presets: never under it, at most ~25% over for the Llama and Qwen
+  shapes; the Gemma presets' long-prefix calls are further over (their few, wide key/value heads make the 1.5 on the
+  prefix keys/values generous), on the safe side.
   """
   c = config
   kv_dims = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
@@ -119,7 +122,8 @@ def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, c
     return max(attention, mlp)
 
   rows = masks * requests * seq
-  logits = masks * requests * targets * c.vocab_size * 4 + rows * c.hidden_size * dtype_bytes
+  logit_copies = 2 if c.final_softcap else 1
+  logits = logit_copies * masks * requests * targets * c.vocab_size * 4 + rows * c.hidden_size * dtype_bytes
   scoring = prefix_kv + max(layer(rows, rows * c.num_heads * (seq + context)), logits)
   prefix = prefix_kv + layer(masks * context, masks * c.num_heads * context * context) if context else 0
   return max(scoring, prefix)

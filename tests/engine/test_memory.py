@@ -13,7 +13,8 @@ LONG = memory.TaskShape("long prefix", 8, 64, 64, 1024, 8)
 
 
 @pytest.mark.parametrize("preset,shape,tokens", [("smollm2-135m", PLURALS, 2048), ("smollm2-135m", PLURALS, 65536),
-                                                 ("smollm2-135m", LONG, 2048), ("llama-3.2-1b", PLURALS, 2048)])
+                                                 ("smollm2-135m", LONG, 2048), ("llama-3.2-1b", PLURALS, 2048),
+                                                 ("gemma-2-2b", PLURALS, 2048), ("gemma-3-1b", PLURALS, 2048)])
 def test_planned_calls_are_within_25_percent_above_xla(preset, shape, tokens):
   config = PRESETS[preset]
   plan = memory.plan(config, shape, jnp.float32, 8 * memory.GIB, tokens)
