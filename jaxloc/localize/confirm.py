@@ -270,7 +270,7 @@ def find_heads(settings, ranking: Ranking, general_rankings: Sequence[Ranking], 
   limit = settings.specific_max_general_drop
 
   def passes(drops: np.ndarray) -> bool:
-    return bool(np.all(np.nan_to_num(drops[1:], nan=0.0) <= limit))
+    return bool(np.all(specificity.within(drops[1:], limit)))
 
   heads = settings.unit == "heads"
   skip = set(universal)

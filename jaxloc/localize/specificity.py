@@ -67,9 +67,20 @@ def relative_drops(ranking: Ranking, baseline: float) -> np.ndarray:
   return drops
 
 
+# A drop that equals a rule's bound meets it: 3 of 30 correct documents lost is a 10% drop, which floating point
+# computes as 0.10000000000000003.
+BOUND_TOLERANCE = 1e-9
+
+
 def breaks(drops: np.ndarray, threshold: float, min_tasks: int) -> np.ndarray:
   """bool [...]: at least `min_tasks` of the last axis's drops are ≥ threshold (NaN counts as no drop)."""
-  return (np.nan_to_num(np.asarray(drops, np.float64), nan=-np.inf) >= threshold).sum(axis=-1) >= min_tasks
+  drops = np.nan_to_num(np.asarray(drops, np.float64), nan=-np.inf)
+  return (drops >= threshold - BOUND_TOLERANCE).sum(axis=-1) >= min_tasks
+
+
+def within(drops: np.ndarray, max_drop: float) -> np.ndarray:
+  """bool: the drops are ≤ max_drop (NaN counts as within)."""
+  return np.nan_to_num(np.asarray(drops, np.float64), nan=-np.inf) <= max_drop + BOUND_TOLERANCE
 
 
 def universal_candidates(effects: Effects, order: Sequence[int], excluded: np.ndarray, threshold: float,
@@ -87,7 +98,7 @@ def select(order: Sequence[int], effects: Effects, excluded: np.ndarray, univers
   if selection == "specific" and len(effects.general):
     general = effects.general
     allowed &= ~np.isnan(general).any(axis=0)
-    allowed &= np.nan_to_num(general, nan=np.inf).max(axis=0) <= max_general_drop
+    allowed &= within(general.max(axis=0), max_general_drop)
   elif selection not in ("specific", "raw"):
     raise ValueError(f"unknown selection {selection!r}")
   return [int(h) for h in order if allowed[h]][:count]

@@ -35,6 +35,16 @@ def test_a_head_breaks_tasks_when_enough_of_them_drop_by_the_threshold():
   np.testing.assert_array_equal(specificity.breaks(drops, 0.3, 1), [True, True, True, True])
 
 
+def test_a_drop_equal_to_a_bound_meets_it():
+  exact = (50 / 60 - 45 / 60) / (50 / 60)  # 5 of 50 correct documents lost: 0.10000000000000003
+  assert exact > 0.1
+  np.testing.assert_array_equal(specificity.within(np.array([exact, 0.1001, np.nan]), 0.1), [True, False, True])
+  assert specificity.breaks(np.array([[0.1 + 0.2, 0.3]]), 0.3, 2)[0]  # 0.30000000000000004 and 0.3
+  assert not specificity.breaks(np.array([[0.2999, 0.3]]), 0.3, 2)[0]
+  effects = specificity.Effects(["t", "g"], np.array([[0.9, 0.8], [exact, 0.11]]))
+  assert specificity.select([0, 1], effects, np.zeros(2, bool), [], "specific", 0.1, 2) == [0]
+
+
 def test_specific_selection_skips_heads_that_hurt_or_were_never_measured_on_a_general_task():
   effects = specificity.Effects(["t", "g1", "g2"], np.array([
       [0.9, 0.8, 0.5, 0.4, 0.3],
