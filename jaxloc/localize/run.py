@@ -349,12 +349,14 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
   if settings.validate:
     confirming = validate.Scorer([e.on(td.held_out) for e, td in zip(identification, tasks.all)], metrics,
                                  progress="scoring on held-out documents" if progress else None)
-  found = _find_heads(settings, ranking, general_rankings, measuring, excluded, confirming, in_sample, design)
-  if settings.validate:
-    files.fault_point("validation")
-    _validate(settings, found, confirming, in_sample)
-  in_sample.close()
-  confirming.close()
+  try:
+    found = _find_heads(settings, ranking, general_rankings, measuring, excluded, confirming, in_sample, design)
+    if settings.validate:
+      files.fault_point("validation")
+      _validate(settings, found, confirming, in_sample)
+  finally:
+    in_sample.close()
+    confirming.close()
   timing["validate_seconds"] = time.perf_counter() - t
 
   t = time.perf_counter()

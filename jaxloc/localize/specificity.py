@@ -97,7 +97,7 @@ def select(order: Sequence[int], effects: Effects, excluded: np.ndarray, univers
   allowed[list(universal)] = False
   if selection == "specific" and len(effects.general):
     general = effects.general
-    allowed &= ~np.isnan(general).any(axis=0)
+    allowed &= ~np.isnan(general).any(axis=0)  # never measured on a general task: not allowed (within() lets NaN by)
     allowed &= within(general.max(axis=0), max_general_drop)
   elif selection not in ("specific", "raw"):
     raise ValueError(f"unknown selection {selection!r}")

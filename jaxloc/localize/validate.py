@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from jaxloc.heads import unit_name
 from jaxloc.tasks.evaluation import Evaluator
+from jaxloc.tasks.names import task_label
 
 INTERVAL_RESAMPLES = 1000
 # A curve measures every k up to this, then about CURVE_LADDER more points spaced geometrically (a neuron curve
@@ -103,7 +104,7 @@ class Scorer:
           if self._bar is None:
             self._bar = tqdm(desc=self._progress, unit="task·mask", dynamic_ncols=True)
           self._bar.update(len(todo))
-          self._bar.set_postfix_str(eval_set.name, refresh=True)
+          self._bar.set_postfix_str(task_label(eval_set.name), refresh=True)
     return [np.stack([cache[key] for key in keys]) for cache in self._cache]
 
   def close(self) -> None:

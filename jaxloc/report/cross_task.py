@@ -45,7 +45,7 @@ def load_run(directory: str) -> dict[str, Any]:
   target = task_label(heads["task"])
   drops = {target: held_out["task_relative_drop"],
            **{task_label(name): d for name, d in held_out["general_relative_drop"].items()}}
-  return {"directory": directory, "task": target, "model": os.path.basename(str(heads["model"]).rstrip("/")),
+  return {"directory": directory, "task": target, "model": str(heads["model"]),
           "method": heads["method"], "metric": heads.get("metric"), "baseline": heads.get("baseline"),
           "evaluations": heads["num_evaluations"], "heads": held_out["heads"], "num_docs": held_out["num_docs"],
           "drops": drops, "task_interval": held_out.get("task_relative_drop_interval"),
@@ -70,10 +70,21 @@ def _matrix(runs: list[dict[str, Any]]) -> dict[str, Any]:
           "columns": tasks, "relative_drop": [[r["drops"].get(t) for t in tasks] for r in runs], "table": table}
 
 
+def _labels(models: Sequence[str]) -> dict[str, str]:
+  """Each model's label: its file or directory name, or the whole name where two models share that."""
+  short = {m: os.path.basename(m.rstrip("/")) or m for m in models}
+  counts: dict[str, int] = {}
+  for label in short.values():
+    counts[label] = counts.get(label, 0) + 1
+  return {m: label if counts[label] == 1 else m for m, label in short.items()}
+
+
 def cross_task(directories: Sequence[str]) -> dict[str, Any]:
   runs = [load_run(d) for d in directories]
+  labels = _labels(list(dict.fromkeys(r["model"] for r in runs)))
   by_model: dict[str, list[dict[str, Any]]] = {}
   for r in runs:
+    r["model"] = labels[r["model"]]
     by_model.setdefault(r["model"], []).append(r)
   for model, mine in by_model.items():
     tasks = [r["task"] for r in mine]
@@ -92,7 +103,9 @@ def _cell(value) -> str:
 
 
 def _interval(interval) -> str:
-  return "" if not interval else f" [{100 * interval[0]:.0f}, {100 * interval[1]:.0f}]"
+  if not interval or any(v is None for v in interval):  # no interval: a baseline of 0 has nothing to lose
+    return ""
+  return f" [{100 * interval[0]:.0f}, {100 * interval[1]:.0f}]"
 
 
 def _model_markdown(block: dict[str, Any]) -> list[str]:
@@ -114,13 +127,15 @@ def _comparison_cell(t: dict[str, Any] | None) -> str:
   if t is None:
     return "not run"
   baseline = t["baseline"]
-  base = f"{baseline:.2f}" if isinstance(baseline, (int, float)) else "?"
-  return (f"{_cell(t['task_relative_drop'])}{_interval(t['task_relative_drop_interval'])} / "
-          f"{_cell(t['largest_general_relative_drop'])} ({t['largest_general_task']}); baseline {base}")
+  base = f"; baseline {baseline:.2f}" if isinstance(baseline, (int, float)) else ""
+  general = (f"{_cell(t['largest_general_relative_drop'])} ({t['largest_general_task']})"
+             if t["largest_general_task"] else "no general task")
+  return f"{_cell(t['task_relative_drop'])}{_interval(t['task_relative_drop_interval'])} / {general}{base}"
 
 
 def markdown(result: dict[str, Any]) -> str:
-  """Per model its matrix and Table 2 rows (headed by the model when there are several), then the comparison."""
+  """Per model its matrix and Table 2 rows; with several models each is headed by its name and the comparison
+  follows (one model: the matrix and the rows alone, as its comparison says nothing more)."""
   blocks = result["models"]
   if len(blocks) == 1:
     return "\n".join(_model_markdown(blocks[0]))

@@ -16,6 +16,8 @@ LONG = memory.TaskShape("long prefix", 8, 64, 64, 1024, 8)
                                                  ("smollm2-135m", LONG, 2048), ("llama-3.2-1b", PLURALS, 2048),
                                                  ("gemma-2-2b", PLURALS, 2048), ("gemma-3-1b", PLURALS, 2048)])
 def test_planned_calls_are_within_25_percent_above_xla(preset, shape, tokens):
+  # The Gemma presets only at plurals, where the logits dominate: gemma-2-2b checks that its final-logit soft cap's
+  # second copy is counted. Their other shapes are not fitted yet (BUILD.md, "Memory").
   config = PRESETS[preset]
   plan = memory.plan(config, shape, jnp.float32, 8 * memory.GIB, tokens)
   row = memory.compare(config, shape, jnp.float32, plan.masks_per_call, plan.requests_per_call)

@@ -11,7 +11,7 @@ from tests.experiments.conftest import run_cli
 
 
 def _run(root, task, heads, task_drop, general, model="m"):
-  directory = os.path.join(root, model, task)
+  directory = os.path.join(root, model.strip("/").replace("/", "_"), task)
   os.makedirs(directory)
   with open(os.path.join(directory, "heads.json"), "w") as f:
     json.dump({"task": task, "model": model, "method": "gradient_confirm", "num_evaluations": 60,
@@ -65,6 +65,9 @@ def test_runs_of_several_models_give_a_matrix_each_and_the_targets_side_by_side(
   assert "| plurals | 90% / 10% (induction); baseline 0.90 | 50% / 52% (counting); baseline 0.90 |" in table
   assert "| induction | 80% / 5% (plurals); baseline 0.90 | not run |" in table
   cross_task.plot(result, str(tmp_path / "matrix.png"))
+  d = _run(tmp_path, "plurals", ["L2H2"], 0.4, {"counting": 0.0}, model="/elsewhere/other.gguf")
+  assert [m["model"] for m in cross_task.cross_task([a, c, d])["models"]] == [
+      "small", "/models/other.gguf", "/elsewhere/other.gguf"]  # two models of one file name stay apart
   assert (tmp_path / "matrix.png").stat().st_size > 0
   with pytest.raises(UserError, match="two runs of small localize the same task"):
     cross_task.cross_task([a, a, c])
