@@ -10,6 +10,13 @@ shape with abstract parameters (nothing is allocated, so an 8B model compiles on
 
 and the step's peak is the larger of the two (the keys/values are alive in both). The planner must never be under
 that peak and should be within 25% over it.
+
+On the CPU backend each call is compiled twice, and the larger of the two counts (`CPU_GRAPHS`): as the engine
+runs it there, and without XLA:CPU's YNNPACK library fusions. Those fusions decide what a CPU keeps: where a layer
+ends in a norm (Gemma 2/3, OLMo-2) one kernel computes the whole MLP (both input projections, the activation, the
+down projection, the post-MLP norm) tile by tile and never holds the [rows, intermediate] activations, and the
+final matmul is fused with the log-softmax's exponential. Without them every matmul writes its whole output, as on
+an accelerator, whose calls the planner sizes; with them, the long attention calls hold more.
 """
 
 from __future__ import annotations
@@ -28,6 +35,22 @@ from jaxloc.models.layers import Context
 from jaxloc.models.decoder import Ablation, Transformer
 
 GIB = planner.GIB
+
+# XLA debug options of the graphs compiled on the CPU backend: as the engine runs it, and without the YNNPACK
+# library fusions (the module docstring).
+CPU_GRAPHS = ({}, {"xla_cpu_experimental_ynn_fusion_type": ""})
+
+
+def _bytes(lowered, arguments: bool, params: int) -> int:
+  """The activation bytes of a lowered call (temporaries, outputs and, with `arguments`, its non-parameter
+  arguments): the larger over `CPU_GRAPHS` on the CPU backend, else as compiled."""
+  graphs = CPU_GRAPHS if jax.default_backend() == "cpu" else ({},)
+  sizes = []
+  for options in graphs:
+    analysis = lowered.compile(compiler_options=options or None).memory_analysis()
+    size = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
+    sizes.append(size + (int(analysis.argument_size_in_bytes) - params if arguments else 0))
+  return max(sizes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,17 +140,12 @@ def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, c
   kv = None
   if context:
     prefix_fn = jax.jit(functools.partial(scoring.prefix_context, module, dtype=dtype))
-    compiled = prefix_fn.lower(params, ablation, sds((context,), jnp.int32)).compile()
-    analysis = compiled.memory_analysis()
-    result["prefix"] = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
+    result["prefix"] = _bytes(prefix_fn.lower(params, ablation, sds((context,), jnp.int32)), False, 0)
     kv_shape = (config.num_layers, masks, context, config.num_kv_heads, config.head_dim)
     kv = Context(sds(kv_shape, dtype), sds(kv_shape, dtype), sds((masks, 1, context), jnp.bool_),
                  sds((1, 1, context), jnp.int32))
   score_fn = jax.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
-  compiled = score_fn.lower(params, ablation, kv, rows).compile()
-  analysis = compiled.memory_analysis()
-  arguments = int(analysis.argument_size_in_bytes) - param_bytes(config, dtype)
-  result["scoring"] = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes + arguments)
+  result["scoring"] = _bytes(score_fn.lower(params, ablation, kv, rows), True, param_bytes(config, dtype))
   result["peak"] = max(result["prefix"], result["scoring"])
   return result
 

@@ -100,15 +100,19 @@ def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, c
   Layers are scanned, so one layer is live at a time, in one of two phases whose buffers XLA reuses for each
   other, each with the scan's slice of that layer's weights: attention (per token row, part of the residual and
   q/k/v before and after rotation; three float32 copies of the attention scores) or the MLP (a residual and two
-  intermediate-size rows; with many rows, 2.5 residuals and three intermediate rows outlast the weight slice).
-  After the layers, the logits phase holds the float32 logits of the scored positions and the final hidden rows; a
-  final-logit soft cap (Gemma 2) keeps a second float32 copy (the capped logits, which the log-softmax reads twice).
-  The prefix keys/values (counted 1.5 times: the scan stacks them) stay live through both calls. The coefficients
-  follow XLA's own buffer assignment (`compiled.memory_analysis()`), checked by `experiments.benchmark_memory`
-  over the planned calls and corner shapes of the Llama, Qwen2 and Qwen3 presets: never under it, at most ~25% over.
-  The families with post-attention and post-MLP norms (Gemma 2/3, OLMo-2) are not fitted yet: XLA keeps fewer MLP rows
-  alive in their graphs, so most of their calls are over by up to 4x, and two small Gemma 3 calls 4-6% under
-  (BUILD.md, "Memory").
+  intermediate-size rows, three where the layer norms the MLP's output (`post_norm`: the gate, the up projection and
+  their product outlast the weight slice until the norm); with many rows, 2.5 residuals and three intermediate rows
+  outlast the weight slice). After the layers, the logits phase holds two float32 copies of the logits of the scored
+  positions (the logits and the log-softmax's exponential; a final-logit soft cap is computed within them), the final
+  hidden rows and those gathered at the scored positions. The prefix keys/values (counted 1.5 times: the scan stacks
+  them) stay live through both calls.
+
+  The coefficients follow XLA's own buffer assignment (`compiled.memory_analysis()`), checked by
+  `experiments.benchmark_memory` over the planned calls and corner shapes of every preset, compiled both as XLA:CPU
+  runs them and without its library fusions, which hold less (every matmul then writes its whole output, as on an
+  accelerator; `jaxloc.bench.memory`): never under either. Pre-norm families (Llama, Qwen2, Qwen3) are at most ~27%
+  over; the families with post-attention and post-MLP norms (Gemma 2/3, OLMo-2) hold fewer attention buffers at long
+  sequences and prefixes, where the estimate is up to ~66% over (BUILD.md, "Memory").
   """
   c = config
   kv_dims = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
@@ -116,15 +120,17 @@ def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, c
              + c.num_heads * c.head_dim * c.hidden_size) * dtype_bytes
   prefix_kv = 3 * c.num_layers * masks * context * c.num_kv_heads * c.head_dim * dtype_bytes  # 1.5 x (k and v)
 
+  intermediate_rows = 3 if c.post_norm else 2
+
   def layer(rows: int, score_elements: int) -> int:
     attention = weights + rows * (7 * c.hidden_size // 10 + 2 * kv_dims) * dtype_bytes + 3 * score_elements * 4
-    mlp = max(weights + rows * (c.hidden_size + 2 * c.intermediate_size) * dtype_bytes,
+    mlp = max(weights + rows * (c.hidden_size + intermediate_rows * c.intermediate_size) * dtype_bytes,
               rows * (5 * c.hidden_size // 2 + 3 * c.intermediate_size) * dtype_bytes)
     return max(attention, mlp)
 
   rows = masks * requests * seq
-  logit_copies = 2 if c.final_softcap else 1
-  logits = logit_copies * masks * requests * targets * c.vocab_size * 4 + rows * c.hidden_size * dtype_bytes
+  scored = masks * requests * targets
+  logits = 2 * scored * c.vocab_size * 4 + (rows + scored) * c.hidden_size * dtype_bytes
   scoring = prefix_kv + max(layer(rows, rows * c.num_heads * (seq + context)), logits)
   prefix = prefix_kv + layer(masks * context, masks * c.num_heads * context * context) if context else 0
   return max(scoring, prefix)
