@@ -36,20 +36,20 @@ from jaxloc.models.decoder import Ablation, Transformer
 
 GIB = planner.GIB
 
-# XLA debug options of the graphs compiled on the CPU backend: as the engine runs it, and without the YNNPACK
-# library fusions (the module docstring).
+# XLA debug options of the graphs compiled on the CPU backend: the graph as the engine runs it, and the graph without
+# the YNNPACK library fusions (the module docstring).
 CPU_GRAPHS = ({}, {"xla_cpu_experimental_ynn_fusion_type": ""})
 
 
-def _bytes(lowered, arguments: bool, params: int) -> int:
-  """The activation bytes of a lowered call (temporaries, outputs and, with `arguments`, its non-parameter
-  arguments): the larger over `CPU_GRAPHS` on the CPU backend, else as compiled."""
+def compiled_bytes(lowered, params: int | None = None) -> int:
+  """XLA's activation bytes of a lowered call: its temporaries and outputs, plus, given the bytes of its `params`,
+  its other arguments. The larger over `CPU_GRAPHS` on the CPU backend, else as compiled."""
   graphs = CPU_GRAPHS if jax.default_backend() == "cpu" else ({},)
   sizes = []
   for options in graphs:
     analysis = lowered.compile(compiler_options=options or None).memory_analysis()
     size = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
-    sizes.append(size + (int(analysis.argument_size_in_bytes) - params if arguments else 0))
+    sizes.append(size if params is None else size + int(analysis.argument_size_in_bytes) - params)
   return max(sizes)
 
 
@@ -140,12 +140,12 @@ def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, c
   kv = None
   if context:
     prefix_fn = jax.jit(functools.partial(scoring.prefix_context, module, dtype=dtype))
-    result["prefix"] = _bytes(prefix_fn.lower(params, ablation, sds((context,), jnp.int32)), False, 0)
+    result["prefix"] = compiled_bytes(prefix_fn.lower(params, ablation, sds((context,), jnp.int32)))
     kv_shape = (config.num_layers, masks, context, config.num_kv_heads, config.head_dim)
     kv = Context(sds(kv_shape, dtype), sds(kv_shape, dtype), sds((masks, 1, context), jnp.bool_),
                  sds((1, 1, context), jnp.int32))
   score_fn = jax.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
-  result["scoring"] = _bytes(score_fn.lower(params, ablation, kv, rows), True, param_bytes(config, dtype))
+  result["scoring"] = compiled_bytes(score_fn.lower(params, ablation, kv, rows), param_bytes(config, dtype))
   result["peak"] = max(result["prefix"], result["scoring"])
   return result
 

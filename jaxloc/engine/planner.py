@@ -109,8 +109,9 @@ def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, c
 
   The coefficients follow XLA's own buffer assignment (`compiled.memory_analysis()`), checked by
   `experiments.benchmark_memory` over the planned calls and corner shapes of every preset, compiled both as XLA:CPU
-  runs them and without its library fusions, which hold less (every matmul then writes its whole output, as on an
-  accelerator; `jaxloc.bench.memory`): never under either. Pre-norm families (Llama, Qwen2, Qwen3) are at most ~27%
+  runs them and without its library fusions (every matmul then writes its whole output, as on an accelerator; the
+  fused graph holds less in the MLP and the logits, more in long attention calls; `jaxloc.bench.memory`): never under
+  either. Pre-norm families (Llama, Qwen2, Qwen3) are at most ~27%
   over; the families with post-attention and post-MLP norms (Gemma 2/3, OLMo-2) hold fewer attention buffers at long
   sequences and prefixes, where the estimate is up to ~66% over (BUILD.md, "Memory").
   """

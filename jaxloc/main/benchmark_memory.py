@@ -6,9 +6,10 @@ For every preset shape (`random:<preset>`) and task shape (the embedded tasks' r
 SmolLM2 tokenizer, plus two long synthetic shapes), the engine's plan is made twice: with the CPU defaults (2048
 tokens per call, 8 GiB) and as on an 80 GB GPU (65536 tokens per call, the default budget of a 75% `bytes_limit`
 less the bfloat16 parameters). Each planned call is compiled with abstract parameters (nothing is allocated) and
-XLA's `memory_analysis()` is compared with the planner's estimate (`jaxloc.bench.memory`). Compiled on this
-backend in float32: XLA's CPU backend upcasts bfloat16 matmuls to float32 (copying the weights), which would not
-describe an accelerator. Then the batches an 80 GB GPU and a 16 GiB TPU core get, per preset and task.
+XLA's `memory_analysis()` is compared with the planner's estimate (`jaxloc.bench.memory`; on a CPU the larger of
+the graph XLA:CPU runs and the graph without its library fusions, which holds what an accelerator holds). Compiled
+on this backend in float32: XLA's CPU backend upcasts bfloat16 matmuls to float32 (copying the weights), which
+would not describe an accelerator. Then the batches an 80 GB GPU and a 16 GiB TPU core get, per preset and task.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def main(config: BenchmarkMemoryConfig) -> None:
   shapes = [memory.task_shape(name, tokenizer) for name in config.tasks]
   shapes += list(memory.LONG_SHAPES) if config.long_shapes else []
   rows, batches = [], []
-  print(f"backend {jax.default_backend()}, compiled in float32; estimate / XLA (never under 1.0, at most ~1.25)")
+  print(f"backend {jax.default_backend()}, compiled in float32; estimate / XLA (never under 1.0; ideally at most ~1.25)")
   print(f"{'preset':14s} {'task':36s} {'plan':6s} {'masks':>5s} {'reqs':>4s} {'estimate GiB':>12s} "
         f"{'XLA GiB':>8s} {'ratio':>6s}")
   for preset in config.presets:
