@@ -83,6 +83,7 @@ class Jitted:
     _listen()
     self._jitted = jax.jit(fn, **options)
     self._time = time
+    self._executables: dict = {}
 
   def __call__(self, *args, **kwargs):
     outer = getattr(_charged, "time", None)
@@ -95,9 +96,24 @@ class Jitted:
   def lower(self, *args, **kwargs):
     return self._jitted.lower(*args, **kwargs)
 
+  def executable(self, *args, **static):
+    """The function compiled ahead of time for `args` (arrays, or `jax.ShapeDtypeStruct`s with the shardings the
+    arrays will have) and the `static` arguments, kept by their shapes and dtypes: its `memory_analysis()` sizes a
+    call before any memory is committed to it, and calling it (with the arrays alone) runs that very executable."""
+    leaves, tree = jax.tree.flatten(args)
+    key = (tree, tuple((tuple(x.shape), str(x.dtype)) for x in leaves), tuple(sorted(static.items())))
+    if key not in self._executables:
+      outer = getattr(_charged, "time", None)
+      _charged.time = self._time
+      try:
+        self._executables[key] = self._jitted.lower(*args, **static).compile()
+      finally:
+        _charged.time = outer
+    return self._executables[key]
+
   def compiled_shapes(self) -> int:
-    """Distinct shapes (and static arguments) compiled so far."""
-    return self._jitted._cache_size()  # noqa: SLF001  (jax exposes no public count)
+    """Distinct shapes (and static arguments) compiled so far, called or ahead of time."""
+    return self._jitted._cache_size() + len(self._executables)  # noqa: SLF001  (jax exposes no public count)
 
 
 def cache_directory(base: str) -> str:

@@ -1,184 +1,173 @@
-"""Greedy decoding under head and/or neuron masks: one jitted prefill plus a `lax.while_loop` over new tokens.
+"""Greedy decoding of many (mask, prompt) rows held in slots: the prompts' shared prefix once per mask, each row only
+its own suffix and new tokens, rows replaced as they finish (`generator.py` drives these functions between chunks).
 
-Rows whose masks ablate nothing below layer l can resume the prefill at l from the prompts' unablated prefill
-(`prompt_streams`, computed once per prompt and shared by every mask).
+Axes: `slots` Ms (masks decoded at once; each holds one mask and its prefix's keys/values), `rows` Rs (row slots of a
+mask slot, each a (mask, prompt) pair of that mask), `prefix` P (the prompts' shared token prefix, right-padded),
+`suffix` S (a row's prompt after the prefix, right-padded), `cache` C (a row's own keys/values: its suffix, then its
+new tokens), `span` (the part of C a chunk reads), `new` T (tokens a row may emit), `inserted` Ri (rows a call
+fills per mask slot), `layers` L, `kv_heads` K, `head_dim` Dh, `embed` D, `vocab` V, `states` Q (of the stop-string
+automaton, `stops.py`).
 
-Axes: `batch` B (one (mask, request) pair each; every sequence carries its own head mask), `seq` S
-(left-padded prompt), `cache` C = S + max_new_tokens, `layers` L, `kv_heads` K, `head_dim` Dh,
-`vocab` V, `states` Q (of the stop-string automaton).
-
-Stopping: EOS ids, and stop strings found in the decoded text inside the loop by an Aho–Corasick
-automaton over characters, folded into per-token tables (`stop_tables`); the text is then cut at
-the first stop string on the host. `generator.py` jits these functions and feeds them batches.
+A decode step's attention reads the mask's prefix keys/values once for all of that mask's rows, and each row's own
+cache up to `span` (`layers.Attention`: one softmax over the prefix, the row's cache and the token itself). Keys and
+values of the prefix come from one prefill per mask (`load_masks`); below the first layer a mask ablates they are
+the unablated model's, computed once for all masks (`unablated_prefix`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jaxloc.models.layers import Context
 from jaxloc.models.decoder import Ablation, OutputSpec, Resume, lm_logits
+from jaxloc.models.layers import Context
+
+Array = jax.Array
 
 
-def stop_tables(token_strings: Sequence[str], stop_strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-  """An Aho–Corasick automaton over `stop_strings`, folded into per-token tables.
+@dataclasses.dataclass
+class Slots:
+  """The decoding state of a generation job (a pytree, donated to and returned by every call).
 
-  Returns next_state [V, Q] (int32) and hit [V, Q] (bool): starting in automaton state q and reading
-  the text of token v, the automaton ends in next_state[v, q], and hit[v, q] says whether any stop
-  string ended on the way. Running it token by token therefore finds a stop string in the decoded text
-  exactly, however the tokenizer split it (a stop "\n#" inside a token ")\n" followed by "#" too).
-  Q = 1 + total stop length at most; tables for a 150k vocabulary take a few MB.
+  ablation: the mask slots' masks (head_mask [Ms, L, H], neuron_mask [Ms, L, F], 1 keep) with their fills.
+  prefix_len: int32 scalar, the real tokens of the P-wide prefix; prefix_k, prefix_v: [L, Ms, P, K, Dh].
+  cache_k, cache_v: [L, Ms, Rs, C, K, Dh], each row's own keys/values; length [Ms, Rs]: how many are filled.
+  current [Ms, Rs]: the token a row feeds next (emitted by the step that feeds it); tokens [Ms, Rs, T]: emitted so
+  far, `count` [Ms, Rs] of them; done [Ms, Rs]: the row emits nothing more; automaton [Ms, Rs]: its stop-string state.
   """
-  stops = [s for s in dict.fromkeys(stop_strings) if s]
-  vocab = len(token_strings)
-  if not stops:
-    return np.zeros((vocab, 1), np.int32), np.zeros((vocab, 1), bool)
-  alphabet = {ch: i for i, ch in enumerate(sorted(set("".join(stops))))}
-  other = len(alphabet)  # any character no stop string contains: back to the root
-  goto: list[dict[int, int]] = [{}]
-  accept = [False]
-  for stop in stops:
-    state = 0
-    for ch in stop:
-      symbol = alphabet[ch]
-      if symbol not in goto[state]:
-        goto.append({})
-        accept.append(False)
-        goto[state][symbol] = len(goto) - 1
-      state = goto[state][symbol]
-    accept[state] = True
-  num_states = len(goto)
-  delta = np.zeros((num_states, other + 1), np.int32)
-  fail = [0] * num_states
-  queue = []
-  for symbol in range(other):
-    child = goto[0].get(symbol)
-    if child is not None:
-      delta[0, symbol] = child
-      queue.append(child)
-  while queue:  # breadth first: a state's failure link is final before its children need it
-    state = queue.pop(0)
-    accept[state] = accept[state] or accept[fail[state]]
-    for symbol in range(other):
-      child = goto[state].get(symbol)
-      if child is None:
-        delta[state, symbol] = delta[fail[state], symbol]
-      else:
-        fail[child] = delta[fail[state], symbol]
-        delta[state, symbol] = child
-        queue.append(child)
-  accept_arr = np.asarray(accept)
-  lengths = np.array([len(t) for t in token_strings])
-  order = np.argsort(-lengths, kind="stable")  # longest first: at position p the live tokens lead
-  next_state = np.tile(np.arange(num_states, dtype=np.int32), (vocab, 1))
-  hit = np.zeros((vocab, num_states), bool)
-  for position in range(int(lengths.max(initial=0))):
-    live = order[:int((lengths > position).sum())]
-    symbols = np.array([alphabet.get(token_strings[v][position], other) for v in live], np.int32)
-    moved = delta[next_state[live], symbols[:, None]]
-    next_state[live] = moved
-    hit[live] |= accept_arr[moved]
-  return next_state, hit
+
+  ablation: Ablation
+  prefix_len: Array
+  prefix_k: Array
+  prefix_v: Array
+  cache_k: Array
+  cache_v: Array
+  length: Array
+  current: Array
+  tokens: Array
+  count: Array
+  done: Array
+  automaton: Array
 
 
-def _positions(prompt_valid):
-  return jnp.maximum(jnp.cumsum(prompt_valid, axis=-1) - 1, 0)
+jax.tree_util.register_dataclass(Slots, data_fields=[f.name for f in dataclasses.fields(Slots)], meta_fields=[])
 
 
-def prompt_streams(module, params, prompt, prompt_valid, *, dtype):
-  """The unablated prefill of distinct left-padded prompts [P, S]: the residual stream entering every layer
-  [L, P, S, D] and every layer's keys and values [L, P, S, K, Dh]. Rows whose masks ablate nothing below layer l
-  resume from them at l (`prefill`)."""
-  out = module.apply({"params": params}, prompt[None], _positions(prompt_valid)[None],
-                     segments=jnp.where(prompt_valid, 0, -1)[None], outputs=OutputSpec(kv=True, residuals=True),
-                     dtype=dtype)
-  return out.residual[:, 0], out.k[:, 0], out.v[:, 0]
+def prefix_context(state: Slots) -> Context | None:
+  """The mask slots' prefix keys/values as the model's shared `Context` (None without a prefix)."""
+  width = state.prefix_k.shape[2]
+  if width == 0:
+    return None
+  positions = jnp.arange(width)[None, None]
+  valid = jnp.broadcast_to(positions < state.prefix_len, (state.prefix_k.shape[1], 1, width))
+  return Context(state.prefix_k, state.prefix_v, valid, positions)
 
 
-def prefill(module, params, ablation: Ablation, prompt, prompt_valid, shared, dtype):
-  """The prompts' model output under each row's masks: final hidden states [B, 1, S, D], keys/values
-  [L, B, 1, S, K, Dh].
+def unablated_prefix(module, params, prefix_tokens, *, dtype):
+  """The unablated model on the prefix [P]: the residual stream entering every layer [L, P, D] and every layer's
+  keys/values [L, P, K, Dh]. A mask that ablates nothing below layer l takes the layers below from them."""
+  width = prefix_tokens.shape[0]
+  out = module.apply({"params": params}, prefix_tokens[None, None], jnp.arange(width)[None, None],
+                     outputs=OutputSpec(kv=True, residuals=True), dtype=dtype)
+  return out.residual[:, 0, 0], out.k[:, 0, 0], out.v[:, 0, 0]
 
-  shared: None, or (start_layer, row_prompt [B], streams): `streams` are `prompt_streams` of distinct prompts (at
-  least as wide), row b holds prompt row_prompt[b], and no row ablates anything below start_layer; every row then
-  resumes from its prompt's residual stream at start_layer and takes the keys/values of the layers below from it.
+
+def load_masks(module, params, state: Slots, slot, masks: Ablation, prefix_tokens, start=None, *, dtype) -> Slots:
+  """Puts masks [Mn] (their fills are the state's) into mask slots `slot` [Mn] (Ms drops a padding entry) and
+  prefills the prefix [P] under each.
+
+  start: None, or (start_layer int32 scalar, `unablated_prefix`'s three arrays) when no mask ablates anything below
+  start_layer: the prefill resumes there, and the layers below keep the unablated keys/values.
   """
-  segments = jnp.where(prompt_valid, 0, -1)[:, None]
-  positions = _positions(prompt_valid)[:, None]
-  if shared is None:
-    return module.apply({"params": params}, prompt[:, None], positions, ablation=ablation, segments=segments,
-                        outputs=OutputSpec(kv=True), dtype=dtype)
-  start_layer, row_prompt, (residuals, keys, values) = shared
-  seq = prompt.shape[1]  # left padding: a prompt's streams at a narrower width are the last `seq` columns
-  out = module.apply({"params": params}, prompt[:, None], positions, ablation=ablation, segments=segments,
-                     start=Resume(start_layer, residuals[start_layer][row_prompt][:, None, -seq:]),
+  def put(into, new):
+    return None if into is None else into.at[slot].set(new.astype(into.dtype), mode="drop")
+
+  ablation = dataclasses.replace(state.ablation, head_mask=put(state.ablation.head_mask, masks.head_mask),
+                                 neuron_mask=put(state.ablation.neuron_mask, masks.neuron_mask))
+  state = dataclasses.replace(state, ablation=ablation)
+  width = prefix_tokens.shape[0]
+  if width == 0:
+    return state
+  count = slot.shape[0]
+  tokens = jnp.broadcast_to(prefix_tokens[None, None], (count, 1, width))
+  resume = None if start is None else Resume(start[0], start[1][start[0]][None, None])
+  masks = dataclasses.replace(masks, head_fill=state.ablation.head_fill, neuron_fill=state.ablation.neuron_fill)
+  out = module.apply({"params": params}, tokens, jnp.arange(width)[None, None], ablation=masks, start=resume,
                      outputs=OutputSpec(kv=True), dtype=dtype)
-  below = (jnp.arange(out.k.shape[0]) < start_layer).reshape((-1,) + (1,) * (out.k.ndim - 1))
-  per_row = lambda kv: kv[:, row_prompt][:, :, None, -seq:]  # noqa: E731  [L, P, W, ...] -> [L, B, 1, S, ...]
-  return dataclasses.replace(out, k=jnp.where(below, per_row(keys), out.k), v=jnp.where(below, per_row(values), out.v))
+  k, v = out.k[:, :, 0], out.v[:, :, 0]  # [L, Mn, P, K, Dh]
+  if start is not None:
+    below = (jnp.arange(k.shape[0]) < start[0])[:, None, None, None, None]
+    k = jnp.where(below, start[2][:, None].astype(k.dtype), k)
+    v = jnp.where(below, start[3][:, None].astype(v.dtype), v)
+  return dataclasses.replace(state, prefix_k=state.prefix_k.at[:, slot].set(k, mode="drop"),
+                             prefix_v=state.prefix_v.at[:, slot].set(v, mode="drop"))
 
 
-def truncate_at_stop(text: str, stop_strings: Sequence[str]) -> str:
-  cut = len(text)
-  for stop in stop_strings:
-    at = text.find(stop)
-    if at != -1:
-      cut = min(cut, at)
-  return text[:cut]
+def insert_rows(module, config, params, state: Slots, row, tokens, lengths, *, pad_id: int, dtype) -> Slots:
+  """Starts new rows: mask slot m's suffixes tokens[m] [Ri, S] (right-padded, `lengths` [Ms, Ri] real tokens) go into
+  its row slots row[m] [Ri] (Rs drops a padding entry), prefilled under the slot's mask after its prefix; each row's
+  first new token is the argmax after its last suffix token."""
+  slots, inserted, width = tokens.shape
+  columns = jnp.arange(width)[None, None]
+  segments = jnp.where(columns < lengths[..., None], 0, -1)  # padding sees only padding
+  out = module.apply({"params": params}, tokens, state.prefix_len + columns, ablation=state.ablation,
+                     context=prefix_context(state), segments=segments, outputs=OutputSpec(kv=True), dtype=dtype)
+  last = jnp.take_along_axis(out.hidden, jnp.maximum(lengths - 1, 0)[..., None, None], axis=2)[:, :, 0]
+  first = jnp.argmax(lm_logits(config, params, last), axis=-1).astype(jnp.int32)
+  mi = jnp.arange(slots)[:, None]
+  at = lambda a: a.at[mi, row]  # noqa: E731  [Ms, Ri] entries of a [Ms, Rs, ...] array
+  return dataclasses.replace(
+      state, cache_k=state.cache_k.at[:, mi, row, :width].set(out.k, mode="drop"),
+      cache_v=state.cache_v.at[:, mi, row, :width].set(out.v, mode="drop"),
+      length=at(state.length).set(lengths, mode="drop"), current=at(state.current).set(first, mode="drop"),
+      tokens=at(state.tokens).set(pad_id, mode="drop"), count=at(state.count).set(0, mode="drop"),
+      done=at(state.done).set(False, mode="drop"), automaton=at(state.automaton).set(0, mode="drop"))
 
 
-def greedy_generate(module, config, params, ablation: Ablation, prompt, prompt_valid, active, eos_ids, stop_next,
-                    stop_hit, shared=None, *, max_new_tokens: int, pad_id: int, dtype):
-  """Greedy continuation of left-padded prompts.
+def decode(module, config, params, state: Slots, eos_ids, stop_next, stop_hit, budget, *, steps: int, span: int,
+           dtype) -> Slots:
+  """Up to `steps` greedy steps of every live row (fewer once all are done), reading each row's cache up to `span`.
 
-  prompt, prompt_valid: [B, S]; ablation: head/neuron masks [B, L, H] / [B, L, F], one per row; active: bool [B],
-  False on rows that only pad the batch (they start finished, so they never keep the loop running); eos_ids: [E];
-  stop_next, stop_hit: [V, Q], the stop-string automaton of `stop_tables`.
-  shared: None, or (start_layer int32 scalar, row_prompt [B], `prompt_streams` of the distinct prompts) when no
-    row ablates anything below start_layer: the rows' prefill resumes there (`prefill`).
-  Returns tokens [B, max_new_tokens] (pad_id after a sequence ends) and how many each emitted [B],
-  its stop token included.
+  A step emits each live row's current token, ends the row on EOS (eos_ids [E]), a stop string (stop_next, stop_hit
+  [V, Q], `stops.stop_tables`) or its `budget`-th token (int32 scalar, at most T), and feeds the token through the
+  model to pick the next. The caller picks `span` at least every live row's length + steps.
   """
-  batch, seq = prompt.shape
-  positions = _positions(prompt_valid)
-  out = prefill(module, params, ablation, prompt, prompt_valid, shared, dtype)
-  pad = ((0, 0), (0, 0), (0, max_new_tokens), (0, 0), (0, 0))
-  cache_k = jnp.pad(out.k[:, :, 0], pad)  # [L, B, C, K, Dh]
-  cache_v = jnp.pad(out.v[:, :, 0], pad)
-  cache_valid = jnp.concatenate([prompt_valid, jnp.zeros((batch, max_new_tokens), bool)], axis=1)
-  first = jnp.argmax(lm_logits(config, params, out.hidden[:, 0, -1]), axis=-1).astype(jnp.int32)
-  next_pos = positions[:, -1] + 1
-  # Every cache slot's position (the new tokens' are known ahead): sliding-window layers see the keys of the last
-  # `window` positions only, however long the cache.
-  cache_positions = jnp.concatenate([positions, next_pos[:, None] + jnp.arange(max_new_tokens)], axis=1)[:, None]
+  slots, rows = state.length.shape
+  emitted = state.tokens.shape[2]
+  full = state.cache_k.shape[3]
+  mi, ri = jnp.arange(slots)[:, None], jnp.arange(rows)[None, :]
+  context = prefix_context(state)
+  positions = (state.prefix_len + jnp.arange(span))[None, None]
 
-  def cond(state):
-    step, done = state[0], state[7]
-    return (step < max_new_tokens) & ~done.all()
+  def cond(carry):
+    return (carry[0] < steps) & ~carry[-1].done.all()
 
-  def body(state):
-    step, tokens, current, pos, cache_k, cache_v, cache_valid, done, automaton, lengths = state
-    tokens = tokens.at[:, step].set(jnp.where(done, pad_id, current))
-    lengths = lengths + (~done).astype(jnp.int32)
-    done = done | (current[:, None] == eos_ids[None]).any(-1) | stop_hit[current, automaton]
-    automaton = stop_next[current, automaton]
-    context = Context(cache_k, cache_v, cache_valid[:, None, :], cache_positions)
-    out = module.apply({"params": params}, current[:, None, None], pos[:, None, None], ablation=ablation,
-                       context=context, outputs=OutputSpec(kv=True), dtype=dtype)
-    write = seq + step
-    cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, out.k[:, :, 0], write, axis=2)
-    cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, out.v[:, :, 0], write, axis=2)
-    cache_valid = jax.lax.dynamic_update_slice_in_dim(cache_valid, jnp.ones((batch, 1), bool), write, axis=1)
-    following = jnp.argmax(lm_logits(config, params, out.hidden[:, 0, 0]), axis=-1).astype(jnp.int32)
-    return step + 1, tokens, following, pos + 1, cache_k, cache_v, cache_valid, done, automaton, lengths
+  def body(carry):
+    step, k, v, s = carry
+    live = ~s.done
+    tokens = s.tokens.at[mi, ri, jnp.where(live, s.count, emitted)].set(s.current, mode="drop")
+    count = s.count + live
+    done = (s.done | (s.current[..., None] == eos_ids).any(-1) | stop_hit[s.current, s.automaton]
+            | (count >= budget))
+    automaton = stop_next[s.current, s.automaton]
+    cache = Context(k, v, jnp.arange(span)[None, None] < s.length[..., None], positions)
+    out = module.apply({"params": params}, s.current[..., None], (s.prefix_len + s.length)[..., None],
+                       ablation=s.ablation, context=context, cache=cache, outputs=OutputSpec(kv=True), dtype=dtype)
+    k = k.at[:, mi, ri, s.length].set(out.k[:, :, :, 0], mode="drop")
+    v = v.at[:, mi, ri, s.length].set(out.v[:, :, :, 0], mode="drop")
+    following = jnp.argmax(lm_logits(config, params, out.hidden[:, :, 0]), axis=-1).astype(jnp.int32)
+    s = dataclasses.replace(s, length=s.length + ~done, current=jnp.where(done, s.current, following),
+                            tokens=tokens, count=count, done=done, automaton=automaton)
+    return step + 1, k, v, s
 
-  state = (jnp.int32(0), jnp.full((batch, max_new_tokens), pad_id, jnp.int32), first, next_pos, cache_k,
-           cache_v, cache_valid, ~active, jnp.zeros((batch,), jnp.int32),
-           jnp.zeros((batch,), jnp.int32))
-  final = jax.lax.while_loop(cond, body, state)
-  return final[1], final[9]
+  k, v = state.cache_k, state.cache_v
+  if span < full:  # the chunk reads and writes only the first `span` entries; they go back after it
+    k, v = k[:, :, :, :span], v[:, :, :, :span]
+  rest = dataclasses.replace(state, cache_k=None, cache_v=None)  # the loop carries each cache once
+  _, k, v, rest = jax.lax.while_loop(cond, body, (jnp.int32(0), k, v, rest))
+  if span < full:
+    k = jax.lax.dynamic_update_slice(state.cache_k, k, (0,) * k.ndim)
+    v = jax.lax.dynamic_update_slice(state.cache_v, v, (0,) * v.ndim)
+  return dataclasses.replace(rest, cache_k=k, cache_v=v)

@@ -1,30 +1,75 @@
 """The generation job of an engine: greedy continuations of many prompts under many masks, cut at stop strings.
 
-Axes: `masks` M, `requests` R; a call's rows are (mask, prompt) pairs, left-padded to one width, as many as the
-planner fits (`Planner.generation_rows`). Rows whose masks ablate nothing below layer l resume there from the
-prompts' unablated prefill, computed once per prompt when it fits the residual cache and saves work. The compiled
-loop is `generation.py`'s.
+Axes as in `generation.py`: `masks` M, `requests` R; a job decodes Ms masks at once in mask slots, each with Rs row
+slots of (mask, prompt) pairs. The prompts' longest shared token prefix (a task's few-shot examples) is prefilled once
+per mask and kept once per mask slot; each row keeps only its own suffix and new tokens. Decoding runs in chunks of
+`CHUNK_STEPS` steps; between chunks the host takes the tokens of rows that ended (EOS, a stop string, the token
+budget), fills their row slots with the mask's pending prompts, and when a mask has none left and its rows have all
+ended, loads the next mask into the slot: a call stays full until the work runs out. A chunk reads each row's cache
+up to a bucketed span of the longest live row, not the whole window.
+
+How many slots fit comes from the planner's estimate (`Planner.generation_slots`); where that estimate comes near the
+memory budget, the decode call is compiled ahead of time and XLA's own `memory_analysis()` decides (the executable is
+kept and runs the job).
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 import logging
 import time
 from typing import Callable, Iterator, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxloc.engine import batching, generation
+from jaxloc.engine import batching, generation, stops as stop_strings
 from jaxloc.engine.masks import Fills, Masks, check_fills, check_masks, start_layers
-from jaxloc.engine.mesh import to_host
-from jaxloc.engine.planner import GIB
+from jaxloc.engine.mesh import DATA, to_host
+from jaxloc.engine.planner import GIB, GenerationSlots
 from jaxloc.engine.requests import GenerationRequest
+from jaxloc.engine.scoring import MIN_SHARED_PREFIX
 from jaxloc.engine.shared import Shared
 from jaxloc.errors import UserError
+from jaxloc.models.decoder import Ablation
 
 log = logging.getLogger(__name__)
+
+# Decode steps per call: a row that ends mid-chunk idles for the rest of it; the host refills between chunks.
+CHUNK_STEPS = 16
+# XLA's memory analysis is consulted where the planner's estimate exceeds this share of the budget.
+MEASURE_ABOVE = 0.5
+
+
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+  """Longest token prefix of every prompt that leaves each at least its last token (which predicts the first new
+  one); 0 when shorter than MIN_SHARED_PREFIX."""
+  first = list(prompts[0])
+  length = min(len(p) for p in prompts) - 1
+  for prompt in prompts[1:]:
+    same = np.asarray(prompt[:length]) == np.asarray(first[:length])
+    length = int(np.argmin(same)) if not same.all() else length
+  return length if length >= MIN_SHARED_PREFIX else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One generation job's shapes: mask slots and row slots (`layout`), the prefix (`prefix_len` real tokens of a
+  `prefix`-wide array), suffixes `suffix` wide, `new` tokens at most per row, each row's cache `suffix + new`."""
+
+  layout: GenerationSlots
+  prefix_len: int
+  prefix: int
+  suffix: int
+  new: int
+
+  @property
+  def cache(self) -> int:
+    return self.suffix + self.new
 
 
 class Generator:
@@ -33,12 +78,16 @@ class Generator:
   def __init__(self, shared: Shared):
     self.shared = shared
     module, config, dtype = shared.module, shared.model_config, shared.placement.dtype
-    self._generate_fn = shared.jit(functools.partial(generation.greedy_generate, module, config, dtype=dtype),
-                                   static_argnames=("max_new_tokens", "pad_id"))
-    self._streams_fn = shared.jit(functools.partial(generation.prompt_streams, module, dtype=dtype))
-    self.jitted = (self._generate_fn, self._streams_fn)
+    self._prefix_fn = shared.jit(functools.partial(generation.unablated_prefix, module, dtype=dtype))
+    self._load_fn = shared.jit(functools.partial(generation.load_masks, module, dtype=dtype), donate_argnums=(1,))
+    self._insert_fn = shared.jit(functools.partial(generation.insert_rows, module, config, dtype=dtype),
+                                 static_argnames=("pad_id",), donate_argnums=(1,))
+    self._decode_fn = shared.jit(functools.partial(generation.decode, module, config, dtype=dtype),
+                                 static_argnames=("steps", "span"), donate_argnums=(1,))
+    self.jitted = (self._prefix_fn, self._load_fn, self._insert_fn, self._decode_fn)
     self._stop_cache: dict = {}
     self._token_strings: list[str] | None = None
+    self._layouts: dict = {}  # (masks, docs, prefix, suffix, new, kinds) -> GenerationSlots, measured once
 
   def _stop_tables(self, stops: tuple[str, ...]):
     """Device tables of the stop-string automaton for `stops` (cached; the vocabulary is decoded once)."""
@@ -49,7 +98,7 @@ class Generator:
         known = len(tok)  # embedding rows past the tokenizer's vocabulary are never-emitted padding
         self._token_strings = [tok.decode([i], skip_special_tokens=True) if i < known else "" for i in range(vocab)]
       strings = self._token_strings if stops else [""] * vocab
-      tables = generation.stop_tables(strings, stops)
+      tables = stop_strings.stop_tables(strings, stops)
       self._stop_cache[stops] = tuple(self.shared.placement.put(t) for t in tables)
     return self._stop_cache[stops]
 
@@ -58,105 +107,212 @@ class Generator:
     extra = [tok.eos_token_id] if tok is not None and tok.eos_token_id is not None else []
     return sorted({*self.shared.model_config.eos_token_ids, *extra}) or [-1]
 
-  def _generate_pairs(self, prompt_ids: Sequence[Sequence[int]], pairs: Sequence[tuple[int, int]],
-                      masks: Masks, fill: Fills, stops: tuple[str, ...], max_new: int,
-                      progress: Callable[[int], None] | None = None) -> Iterator[tuple[tuple[int, int], list[int]]]:
-    """Greedy tokens for each (mask index, prompt index) pair, in left-padded batches of one compiled loop.
+  # --- the state's arrays, their shardings and shapes -----------------------------------------------------------
 
-    Yields ((mask, prompt), generated ids up to and including the stop token) as batches finish.
-    """
-    if not pairs:
+  def _shardings(self, state_like):
+    """Each array of a `Slots` split over the data axis along its mask-slot axis (fills and scalars replicated)."""
+    mesh = self.shared.placement.mesh
+
+    def along(axis):
+      return NamedSharding(mesh, PartitionSpec(*([None] * axis), DATA))
+
+    replicated = NamedSharding(mesh, PartitionSpec())
+    ablation = state_like.ablation
+    return generation.Slots(
+        ablation=Ablation(None if ablation.head_mask is None else along(0),
+                          None if ablation.head_fill is None else replicated,
+                          None if ablation.neuron_mask is None else along(0),
+                          None if ablation.neuron_fill is None else replicated),
+        prefix_len=replicated, prefix_k=along(1), prefix_v=along(1), cache_k=along(1), cache_v=along(1),
+        length=along(0), current=along(0), tokens=along(0), count=along(0), done=along(0), automaton=along(0))
+
+  def _abstract(self, job: Job, masks: Masks, fill: Fills) -> generation.Slots:
+    """The state of `job` as shapes and dtypes (`jax.ShapeDtypeStruct`s with their shardings)."""
+    c, dtype = self.shared.model_config, self.shared.placement.dtype
+    slots, rows = job.layout.slots, job.layout.rows
+    kv = (c.num_layers, slots, job.prefix, c.num_kv_heads, c.head_dim)
+    cache = (c.num_layers, slots, rows, job.cache, c.num_kv_heads, c.head_dim)
+    shape = lambda s, d: jax.ShapeDtypeStruct(s, d)  # noqa: E731
+    state = generation.Slots(
+        ablation=Ablation(None if masks.heads is None else shape((slots,) + masks.heads.shape[1:], dtype),
+                          None if fill.heads is None or masks.heads is None else shape(fill.heads.shape, dtype),
+                          None if masks.neurons is None else shape((slots,) + masks.neurons.shape[1:], dtype),
+                          None if fill.neurons is None or masks.neurons is None else shape(fill.neurons.shape, dtype)),
+        prefix_len=shape((), jnp.int32), prefix_k=shape(kv, dtype), prefix_v=shape(kv, dtype),
+        cache_k=shape(cache, dtype), cache_v=shape(cache, dtype), length=shape((slots, rows), jnp.int32),
+        current=shape((slots, rows), jnp.int32), tokens=shape((slots, rows, job.new), jnp.int32),
+        count=shape((slots, rows), jnp.int32), done=shape((slots, rows), bool), automaton=shape((slots, rows), jnp.int32))
+    shardings = self._shardings(state)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), state, shardings)
+
+  def _empty(self, job: Job, masks: Masks, fill: Fills) -> generation.Slots:
+    """A state of `job` with every row ended and every mask slot keeping everything (made on the devices)."""
+    abstract = self._abstract(job, masks, fill)
+    fills = self.shared.placement.fills(fill)
+
+    def make():
+      state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract)
+      ablation = state.ablation
+      return dataclasses.replace(
+          state, ablation=Ablation(None if ablation.head_mask is None else jnp.ones_like(ablation.head_mask),
+                                   None if ablation.head_fill is None else fills.heads,
+                                   None if ablation.neuron_mask is None else jnp.ones_like(ablation.neuron_mask),
+                                   None if ablation.neuron_fill is None else fills.neurons),
+          prefix_len=jnp.int32(job.prefix_len), done=jnp.ones(abstract.done.shape, bool))
+
+    return jax.jit(make, out_shardings=jax.tree.map(lambda s: s.sharding, abstract))()
+
+  # --- planning -------------------------------------------------------------------------------------------------
+
+  def _decode_args(self, state, tables, eos_ids):
+    return (self.shared.placement.params, state, eos_ids, tables[0], tables[1], jnp.int32(0))
+
+  def _layout(self, key, masks: Masks, fill: Fills, num_masks: int, num_docs: int, prefix: int, suffix: int,
+              new: int, tables, eos_ids) -> GenerationSlots:
+    """The planner's slots for this job's shapes; where its estimate comes near the budget, XLA's memory analysis of
+    the compiled decode call (its largest span) confirms it or halves it until it fits (the executable is kept)."""
+    if key in self._layouts:
+      return self._layouts[key]
+    planner = self.shared.planner
+    layout = planner.generation_slots(masks=num_masks, docs=num_docs, prefix=prefix, suffix=suffix, new=new)
+    while layout.estimated_bytes > MEASURE_ABOVE * planner.budget:
+      job = Job(layout, 1, prefix, suffix, new)
+      abstract = self._abstract(job, masks, fill)
+      executable = self._decode_fn.executable(*self._decode_args(abstract, tables, eos_ids), steps=CHUNK_STEPS,
+                                              span=job.cache)
+      measured = xla_bytes(executable, self.shared.placement.params)
+      log.info("generation: %d mask slots x %d rows, planner %.2f GiB, XLA %.2f GiB (budget %.2f GiB)", layout.slots,
+               layout.rows, layout.estimated_bytes / GIB, measured / GIB, planner.budget / GIB)
+      if measured <= planner.budget:
+        break
+      parallel = planner.data_parallel
+      if layout.slots > parallel:
+        layout = GenerationSlots(max(parallel, layout.slots // 2), layout.rows, layout.estimated_bytes // 2)
+      elif layout.rows > 1:
+        layout = GenerationSlots(layout.slots, layout.rows // 2, layout.estimated_bytes // 2)
+      else:
+        raise UserError(f"one generation row needs {measured / GIB:.2f} GiB (XLA), over the memory budget of "
+                        f"{planner.budget / GIB:.2f} GiB; raise --memory_budget_gb or shorten the prompts")
+    self._layouts[key] = layout
+    return layout
+
+  # --- the job ----------------------------------------------------------------------------------------------------
+
+  def _generate_grid(self, prompt_ids: Sequence[Sequence[int]], docs: Sequence[int], masks: Masks, fill: Fills,
+                     stops: tuple[str, ...], max_new: int, progress: Callable[[int], None] | None = None
+                     ) -> Iterator[tuple[tuple[int, int], list[int]]]:
+    """Greedy tokens of every prompt `docs` under every mask, as rows end: ((mask, prompt), generated ids up to and
+    including the stop token)."""
+    if not docs or not len(masks):
       return
     shared, place = self.shared, self.shared.placement
-    num_layers, pad_id = shared.model_config.num_layers, shared.pad_id
-    stop_next, stop_hit = self._stop_tables(stops)
+    c, pad_id = shared.model_config, shared.pad_id
+    tables = self._stop_tables(stops)
     eos_ids = place.put(np.asarray(self._eos_ids(), np.int32))
-    max_new_bucket = batching.bucket_pow2(max_new)
-    longest = max(len(prompt_ids[i]) for _, i in pairs)
-    batch = shared.planner.generation_rows(batching.bucket_coarse(longest), max_new_bucket, len(pairs))
-    rows1, rows2, rows3 = (place.split(n) for n in (1, 2, 3))
-    starts = (start_layers(shared.model_config, masks) if shared.planner.residual_cache
-              else np.zeros(len(masks), np.int64))
-    streams = None
-    if starts.max() > 0:
-      # Rows resume at their batch's lowest first ablated layer from the prompts' unablated prefill (computed once
-      # per prompt) when that computes fewer prompt tokens × layers than every row prefilling itself. Batches pad
-      # to their longest prompt: keep the callers' order (one prompt under many masks per batch, little padding)
-      # or group rows by start layer, whichever costs less.
-      by_start = sorted(pairs, key=lambda pair: starts[pair[0]])
-      order = min((pairs, by_start), key=lambda o: self._prefill_cost(o, prompt_ids, starts, batch))
-      distinct = sorted({i for _, i in pairs})
-      shared_cost = (len(distinct) * batching.bucket_coarse(max(len(prompt_ids[i]) for i in distinct)) * num_layers
-                     + self._prefill_cost(order, prompt_ids, starts, batch))
-      if shared_cost < self._prefill_cost(pairs, prompt_ids, np.zeros_like(starts), batch):
-        streams = self._prompt_streams(prompt_ids, distinct)
-    if streams is not None:
-      prompts, streams = streams
-      pairs = order
-    for begin in range(0, len(pairs), batch):
-      start = time.perf_counter()
-      chunk = pairs[begin:begin + batch]
-      width = batching.bucket_coarse(max(len(prompt_ids[i]) for _, i in chunk))
-      prompt = np.full((batch, width), pad_id, np.int32)
-      valid = np.zeros((batch, width), bool)
-      for row in range(batch):  # rows past the chunk repeat its first prompt (inactive, never read)
-        ids = list(prompt_ids[(chunk[row] if row < len(chunk) else chunk[0])[1]])[-width:]
-        prompt[row, width - len(ids):] = ids
-        valid[row, width - len(ids):] = True
-      row_masks = masks.rows(np.array([m for m, _ in chunk], np.int64)).padded(batch)
-      layer = min(int(min(starts[m] for m, _ in chunk)), num_layers - 1)
-      resume = None
-      if streams is not None:  # even at layer 0: one compiled variant for every batch of these pairs
-        row_prompt = np.array([prompts[(chunk[row] if row < len(chunk) else chunk[0])[1]] for row in range(batch)],
-                              np.int32)
-        resume = (place.put(np.int32(layer)), place.put(row_prompt, rows1), streams)
-      tokens, lengths = self._generate_fn(
-          place.params, place.ablation(row_masks, fill, rows3), place.put(prompt, rows2), place.put(valid, rows2),
-          place.put(np.arange(batch) < len(chunk), rows1), eos_ids, stop_next, stop_hit, resume,
-          max_new_tokens=max_new_bucket, pad_id=pad_id)
-      tokens, lengths = to_host(tokens), np.minimum(to_host(lengths), max_new)
-      shared.stats.calls += 1
-      shared.stats.seconds += time.perf_counter() - start
-      shared.stats.tokens += int(lengths[:len(chunk)].sum())
-      for row, pair in enumerate(chunk):
-        yield pair, tokens[row, :lengths[row]].tolist()
-      if progress:
-        progress(len(chunk))
-
-  def _prefill_cost(self, pairs, prompt_ids, starts: np.ndarray, batch: int) -> int:
-    """Prompt token rows × layers the prefill computes for `pairs` cut into batches in this order."""
-    num_layers = self.shared.model_config.num_layers
-    cost = 0
-    for begin in range(0, len(pairs), batch):
-      chunk = pairs[begin:begin + batch]
-      layer = min(int(min(starts[m] for m, _ in chunk)), num_layers - 1)
-      cost += batch * batching.bucket_coarse(max(len(prompt_ids[i]) for _, i in chunk)) * (num_layers - layer)
-    return cost
-
-  def _prompt_streams(self, prompt_ids, distinct: list[int]):
-    """The unablated prefill (`generation.prompt_streams`) of the prompts `distinct`, left-padded to one width, when
-    it fits the residual cache: ({prompt: row}, device arrays); else None. Rows pad to a power of two (repeating the
-    first prompt), so that prompt sets of similar sizes share a compiled shape."""
-    shared, place = self.shared, self.shared.placement
-    width = batching.bucket_coarse(max(len(prompt_ids[i]) for i in distinct))
-    size = shared.planner.prompt_stream_bytes(batching.bucket_pow2(len(distinct)), width)
-    if not shared.planner.fits_residual_cache(size):
-      log.warning("the unablated prefill of %d prompts needs %.2f GiB, over the residual cache of %.2f GiB: every "
-                  "generation row starts at layer 0 (raise --residual_cache_gb to share it)", len(distinct),
-                  size / GIB, shared.planner.residual_cache / GIB)
-      return None
-    rows = batching.bucket_pow2(len(distinct))
-    prompt = np.full((rows, width), shared.pad_id, np.int32)
-    valid = np.zeros((rows, width), bool)
-    for row in range(rows):
-      ids = list(prompt_ids[distinct[row] if row < len(distinct) else distinct[0]])[-width:]
-      prompt[row, width - len(ids):] = ids
-      valid[row, width - len(ids):] = True
+    prefix_len = shared_prefix_length([prompt_ids[i] for i in docs]) if shared.config.share_prefix else 0
+    prefix_width = batching.bucket(prefix_len) if prefix_len else 0
+    suffixes = {i: list(prompt_ids[i][prefix_len:]) for i in docs}
+    suffix_width = batching.bucket_coarse(max(len(s) for s in suffixes.values()))
+    new = batching.bucket_pow2(max_new)
+    kinds = (masks.heads is not None, masks.neurons is not None, fill.heads is not None, fill.neurons is not None)
+    key = (batching.bucket_pow2(len(masks)), batching.bucket_pow2(len(docs)), prefix_width, suffix_width, new, kinds)
+    layout = self._layout(key, masks, fill, len(masks), len(docs), prefix_width, suffix_width, new, tables, eos_ids)
+    job = Job(layout, prefix_len, prefix_width, suffix_width, new)
+    slots, rows = layout.slots, layout.rows
     start = time.perf_counter()
-    streams = self._streams_fn(place.params, place.put(prompt), place.put(valid))
-    shared.stats.calls += 1
+    state = self._empty(job, masks, fill)
+
+    prefix_tokens = np.full((prefix_width,), pad_id, np.int32)
+    prefix_tokens[:prefix_len] = prompt_ids[docs[0]][:prefix_len]
+    prefix_tokens = place.put(prefix_tokens)
+    starts = (start_layers(c, masks) if shared.planner.residual_cache else np.zeros(len(masks), np.int64))
+    unablated = None
+    if prefix_len and len(masks) > 1 and starts.max() > 0:
+      if shared.planner.fits_residual_cache(shared.planner.prompt_stream_bytes(1, prefix_width)):
+        unablated = self._prefix_fn(place.params, prefix_tokens)
+        shared.stats.calls += 1
+    order = collections.deque(sorted(range(len(masks)), key=lambda m: starts[m]))  # neighbours share start layers
+    mask_of = np.full(slots, -1)
+    pending: list[collections.deque] = [collections.deque() for _ in range(slots)]
+    doc_of = np.full((slots, rows), -1)
+    live = np.zeros((slots, rows), bool)
+    length = np.zeros((slots, rows), np.int64)
+    budget = place.put(np.int32(max_new))
+    while True:
+      free = [s for s in range(slots) if not pending[s] and not live[s].any()]
+      if free and order:
+        state = self._load(state, free[:len(order)], order, mask_of, pending, docs, masks, starts, unablated,
+                           prefix_tokens)
+      state = self._insert(state, suffixes, suffix_width, pending, live, doc_of, length)
+      if not live.any():
+        break
+      span = min(job.cache, batching.bucket_coarse(int(length[live].max()) + CHUNK_STEPS))
+      args = self._decode_args(state, tables, eos_ids)[:-1] + (budget,)
+      state = self._decode_fn.executable(*args, steps=CHUNK_STEPS, span=span)(*args)
+      shared.stats.calls += 1
+      done, count, length = (np.array(to_host(a)) for a in (state.done, state.count, state.length))
+      ended = live & done
+      if ended.any():
+        tokens = to_host(state.tokens)
+        for s, r in zip(*np.nonzero(ended)):
+          n = min(int(count[s, r]), max_new)
+          shared.stats.tokens += n
+          yield (int(mask_of[s]), int(doc_of[s, r])), tokens[s, r, :n].tolist()
+        live &= ~ended
+        if progress:
+          progress(int(ended.sum()))
     shared.stats.seconds += time.perf_counter() - start
-    return {i: row for row, i in enumerate(distinct)}, streams
+
+  def _load(self, state, free: list[int], order: collections.deque, mask_of: np.ndarray, pending, docs, masks: Masks,
+            starts: np.ndarray, unablated, prefix_tokens):
+    """Loads the next masks of `order` into the mask slots `free` (one call; padding entries point past the slots)."""
+    place = self.shared.placement
+    taken = [order.popleft() for _ in free]
+    size = batching.bucket_pow2(len(taken))
+    chosen = np.array(taken + [taken[0]] * (size - len(taken)))
+    slot = np.array(free + [len(mask_of)] * (size - len(taken)), np.int32)
+    for s, m in zip(free, taken):
+      mask_of[s] = m
+      pending[s].extend(docs)
+    batch = masks.rows(chosen)
+    ablation = Ablation(None if batch.heads is None else place.put(batch.heads.astype(place.dtype)), None,
+                        None if batch.neurons is None else place.put(batch.neurons.astype(place.dtype)), None)
+    resume = None
+    if unablated is not None:
+      layer = min(min(int(starts[m]) for m in taken), self.shared.model_config.num_layers - 1)
+      resume = (place.put(np.int32(layer)),) + tuple(unablated)
+    state = self._load_fn(place.params, state, place.put(slot), ablation, prefix_tokens, resume)
+    self.shared.stats.calls += 1
+    return state
+
+  def _insert(self, state, suffixes: dict, width: int, pending, live: np.ndarray, doc_of: np.ndarray,
+              length: np.ndarray):
+    """Fills every free row slot of each mask slot with its mask's pending prompts (one call, when there are any)."""
+    slots, rows = live.shape
+    plan = []
+    for s in range(slots):
+      free = np.nonzero(~live[s])[0][:len(pending[s])]
+      plan.append([(int(r), pending[s].popleft()) for r in free])
+    most = max(len(p) for p in plan)
+    if not most:
+      return state
+    inserted = min(rows, max(batching.bucket_pow2(most), rows // 8))  # a few shapes: rows/8, rows/4, rows/2, rows
+    row = np.full((slots, inserted), rows, np.int32)
+    tokens = np.full((slots, inserted, width), self.shared.pad_id, np.int32)
+    lengths = np.ones((slots, inserted), np.int32)
+    for s, entries in enumerate(plan):
+      for i, (r, doc) in enumerate(entries):
+        suffix = suffixes[doc]
+        row[s, i], lengths[s, i] = r, len(suffix)
+        tokens[s, i, :len(suffix)] = suffix
+        doc_of[s, r], live[s, r], length[s, r] = doc, True, len(suffix)
+    place = self.shared.placement
+    split = lambda a: place.put(a, place.split(a.ndim))  # noqa: E731
+    state = self._insert_fn(place.params, state, split(row), split(tokens), split(lengths), pad_id=self.shared.pad_id)
+    self.shared.stats.calls += 1
+    return state
+
+  # --- the engine's face ------------------------------------------------------------------------------------------
 
   def generate(self, requests: Sequence[GenerationRequest], head_masks=None, head_fill=None,
                progress: Callable[[int], None] | None = None, *, neuron_masks=None, neuron_fill=None
@@ -173,17 +329,15 @@ class Generator:
       if group:
         ids = tok([requests[i].context for i in group], add_special_tokens=add_special)["input_ids"]
         prompt_ids.update(zip(group, ids))
-    fill = self.shared.placement.fills(check_fills(config, head_fill, neuron_fill))
+    fill = check_fills(config, head_fill, neuron_fill)
     texts = [[""] * len(requests) for _ in range(len(masks))]
-    # Requests that share stop strings and a token budget share one compiled loop bound.
+    # Requests that share stop strings and a token budget are one job.
     groups: dict = {}
     for i, r in enumerate(requests):
       groups.setdefault((tuple(r.stop), r.max_new_tokens), []).append(i)
     for (stops, max_new), members in groups.items():
-      members = sorted(members, key=lambda i: len(prompt_ids[i]))  # similar lengths pad together
-      pairs = [(m, i) for i in members for m in range(len(masks))]
-      for (m, i), ids in self._generate_pairs(prompt_ids, pairs, masks, fill, stops, max_new, progress):
-        texts[m][i] = generation.truncate_at_stop(tok.decode(ids, skip_special_tokens=True), stops)
+      for (m, i), ids in self._generate_grid(prompt_ids, members, masks, fill, stops, max_new, progress):
+        texts[m][i] = stop_strings.truncate_at_stop(tok.decode(ids, skip_special_tokens=True), stops)
     return texts
 
   def generate_tokens(self, prompt_ids: Sequence[Sequence[int]], head_masks, max_new_tokens: int,
@@ -192,8 +346,16 @@ class Generator:
     config = self.shared.model_config
     masks = check_masks(config, head_masks, neuron_masks)
     out: list[list[list[int]]] = [[[] for _ in prompt_ids] for _ in range(len(masks))]
-    pairs = [(m, i) for m in range(len(masks)) for i in range(len(prompt_ids))]
-    fill = self.shared.placement.fills(check_fills(config, head_fill, neuron_fill))
-    for (m, i), ids in self._generate_pairs(prompt_ids, pairs, masks, fill, (), max_new_tokens):
+    fill = check_fills(config, head_fill, neuron_fill)
+    for (m, i), ids in self._generate_grid(prompt_ids, list(range(len(prompt_ids))), masks, fill, (), max_new_tokens):
       out[m][i] = ids
     return out
+
+
+def xla_bytes(executable, params) -> int:
+  """What a compiled call holds beyond the parameters, by XLA's `memory_analysis()`: temporaries, arguments and
+  outputs, an output that reuses a donated argument's buffer counted once."""
+  analysis = executable.memory_analysis()
+  param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  return int(analysis.temp_size_in_bytes + analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+             - analysis.alias_size_in_bytes - param_bytes)

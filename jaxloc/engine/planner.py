@@ -5,7 +5,7 @@ residual cache (`residual_cache_gb`), the unablated residual streams kept across
 masks starts at the first layer it ablates. A `Planner` answers, for one engine:
 
   scoring        masks and requests per call (`scoring`), from `activation_bytes`, which follows XLA's own buffers
-  generation     rows per generation call (`generation_rows`)
+  generation     mask slots and rows per mask slot of a generation job (`generation_slots`)
   attribution    requests per integrated-gradients call (`attribution_rows`)
   mean sums      rows per call of the mean-ablation statistics (`sum_rows`)
   residual cache whether a request set's streams (`residual_stream_bytes`) or the prompts' shared prefill
@@ -147,6 +147,15 @@ class ScoringBatches:
 
 
 @dataclasses.dataclass(frozen=True)
+class GenerationSlots:
+  """How a generation job is laid out: `slots` masks decoded at once, `rows` row slots each (`generation.py`)."""
+
+  slots: int
+  rows: int
+  estimated_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Planner:
   """The sizes of one engine's calls. budget and residual_cache in bytes (module docstring); generation_batch fixes
   the rows of a generation call (None: from the budget)."""
@@ -204,21 +213,45 @@ class Planner:
                         f"{self.call_budget / GIB:.2f} GiB; raise --memory_budget_gb or shorten the prompts")
     return ScoringBatches(masks, requests, cost(masks, requests))
 
-  def generation_rows(self, prompt_len: int, max_new: int, pairs: int, platform: str | None = None) -> int:
-    """Rows of one generation call for `pairs` (mask, prompt) rows: each holds a key/value cache of the prompt and
-    its new tokens, and the prefill's activations (capped at 64 rows on CPUs, 256 on accelerators; `platform`
-    names the one whose cap applies, default this machine's); at most the power of two at or above `pairs` (a
-    handful of shapes whatever the count); a multiple of the data-parallel size."""
-    if self.generation_batch:
-      batch = self.generation_batch
-    else:
-      c = self.model
-      cache = c.num_layers * (prompt_len + max_new) * c.num_kv_heads * c.head_dim * 2 * self.dtype_bytes
-      prefill = self.activation_bytes(1, 1, prompt_len, 0, 1)
-      batch = max(1, int(self.budget // (cache + prefill)))
-      batch = min(batch, 256 if (platform or jax.devices()[0].platform) != "cpu" else 64)
-    batch = min(batch, bucket_pow2(pairs))
-    return max(self.data_parallel, -(-batch // self.data_parallel) * self.data_parallel)
+  def generation_slots(self, *, masks: int, docs: int, prefix: int, suffix: int, new: int,
+                       platform: str | None = None) -> GenerationSlots:
+    """Mask slots and row slots per mask slot of a generation job over `masks` masks x `docs` prompts sharing a
+    `prefix` (each a `suffix` after it, emitting at most `new` tokens): rows fill the row cap (`generation_batch`, or
+    64 on CPUs and 1024 on accelerators; `platform` names the one whose cap applies, default this machine's), a mask
+    slot holding up to all of a mask's prompts, then shrink until `generation_bytes` fits the budget. Both are
+    powers of two (a handful of shapes whatever the counts); mask slots a multiple of the data-parallel size."""
+    cap = self.generation_batch or (1024 if (platform or jax.devices()[0].platform) != "cpu" else 64)
+    rows = min(bucket_pow2(docs), bucket_pow2(cap))
+    slots = max(1, min(bucket_pow2(masks), cap // rows))
+    parallel = self.data_parallel
+
+    def sized(s: int, r: int) -> GenerationSlots:
+      s = max(parallel, -(-s // parallel) * parallel)
+      return GenerationSlots(s, r, self.generation_bytes(s, r, prefix, suffix, new))
+
+    plan = sized(slots, rows)
+    while plan.estimated_bytes > self.budget and (plan.rows > 1 or plan.slots > parallel):
+      plan = sized(plan.slots // 2, plan.rows) if plan.slots > parallel else sized(plan.slots, plan.rows // 2)
+    if plan.estimated_bytes > self.budget:
+      raise UserError(f"one generation row ({prefix} + {suffix} prompt tokens, {new} new) needs "
+                      f"{plan.estimated_bytes / GIB:.2f} GiB, over the memory budget of {self.budget / GIB:.2f} GiB; "
+                      "raise --memory_budget_gb or shorten the prompts")
+    return plan
+
+  def generation_bytes(self, slots: int, rows: int, prefix: int, suffix: int, new: int) -> int:
+    """Peak bytes beyond the parameters of a generation job's calls: the mask slots' prefix keys/values, every row's
+    own cache (its suffix and new tokens) and a second copy of it (a chunk reads a span of the cache as
+    its own buffer), plus the larger of a decode step's activations (one token per row attending to the prefix and
+    its cache: three float32 copies of the scores) and a prefill's (every row slot's suffix, as a scoring call)."""
+    c = self.model
+    kv_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.dtype_bytes
+    cache = suffix + new
+    held = slots * prefix * kv_token + 2 * slots * rows * cache * kv_token
+    decode = (self.activation_bytes(slots, rows, 1, 0, 1)
+              + 3 * 4 * slots * rows * c.num_heads * (prefix + cache))
+    prefill = self.activation_bytes(slots, rows, suffix, prefix, 1) - 3 * c.num_layers * slots * prefix * (
+        c.num_kv_heads * c.head_dim * self.dtype_bytes)  # its prefix keys/values are `held`'s
+    return held + max(decode, prefill)
 
   def attribution_rows(self, *, suffix: int, context: int, targets: int, steps: int, num_requests: int) -> int:
     """Requests per integrated-gradients call, each `steps` rows of `suffix` tokens after a shared `context`. A

@@ -21,7 +21,7 @@ are `LayerInputs` fields filled from the config, not modes.
 Axes are those of `layers.py`, plus `layers` L (the scanned decoder layers), `vocab` V and `ropes` T (rotary tables:
 2 when sliding layers rotate with their own base, else 1).
 Tokens are [M, R, S]: every mask has its own batch of requests, which may share context keys/values
-[L, M, C, K, Dh] (a prefix computed once per mask, or a decoding cache).
+[L, M, C, K, Dh] (a prefix computed once per mask) and may each have their own, a decoding cache [L, M, R, C', K, Dh].
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ class LayerInputs:
   mode of `Transformer.__call__`.
 
   index: int [L], the layer's number. head_mask: [L, M, K, G]; head_fill: [L, K, G, Dh]; neuron_mask: [L, M, F];
-  neuron_fill: [L, F] (`Ablation`, laid out per layer). context_k, context_v: [L, M, C, K, Dh] (`Context`).
+  neuron_fill: [L, F] (`Ablation`, laid out per layer). context_k, context_v: [L, M, C, K, Dh] (`Context` shared by a
+  mask's requests); cache_k, cache_v: [L, M, R, C', K, Dh] (each request's own `Context`).
   window: int [L], how far back each layer's queries see (`ModelConfig.layer_windows`; None when no layer slides).
   rope: int [L], each layer's rotary table in `SharedInputs.cos`/`sin` (None when every layer uses the first).
   """
@@ -134,11 +135,14 @@ class LayerInputs:
   neuron_fill: Array | None = None
   context_k: Array | None = None
   context_v: Array | None = None
+  cache_k: Array | None = None
+  cache_v: Array | None = None
   window: Array | None = None
   rope: Array | None = None
 
   @classmethod
-  def build(cls, config: ModelConfig, ablation: Ablation, context: Context | None, num_masks: int) -> "LayerInputs":
+  def build(cls, config: ModelConfig, ablation: Ablation, context: Context | None, cache: Context | None,
+            num_masks: int) -> "LayerInputs":
     c = config
     inputs = cls(jnp.arange(c.num_layers))
     if ablation.head_mask is not None:
@@ -151,6 +155,8 @@ class LayerInputs:
       inputs.neuron_fill = ablation.neuron_fill
     if context is not None:
       inputs.context_k, inputs.context_v = context.k, context.v
+    if cache is not None:
+      inputs.cache_k, inputs.cache_v = cache.k, cache.v
     if c.has_sliding_layers:
       inputs.window = jnp.asarray(c.layer_windows(), jnp.int32)
     if len(c.ropes()) > 1:
@@ -159,7 +165,8 @@ class LayerInputs:
 
 
 jax.tree_util.register_dataclass(LayerInputs, data_fields=["index", "head_mask", "head_fill", "neuron_mask",
-                                                           "neuron_fill", "context_k", "context_v", "window", "rope"],
+                                                           "neuron_fill", "context_k", "context_v", "cache_k", "cache_v",
+                                                           "window", "rope"],
                                  meta_fields=[])
 
 
@@ -170,6 +177,7 @@ class SharedInputs:
   cos, sin: [T, M|1, R|1, S, Dh] rotary tables, one per rope (`ModelConfig.ropes`); positions: int [M|1, R|1, S];
   segments: int [M|1, R|1, S] or None (`Transformer.__call__`); neuron_where: bool [M|1, R|1, S] or None
   (`Ablation`); context_valid: bool [M, R|1, C] and context_positions: int [M|1, R|1, C], or None (`Context`);
+  cache_valid: bool [M, R, C'] and cache_positions: int [M|1, R|1, C'], or None (the decoding cache's `Context`);
   start_layer: int32 scalar or None (`Resume`).
   """
 
@@ -180,11 +188,14 @@ class SharedInputs:
   neuron_where: Array | None = None
   context_valid: Array | None = None
   context_positions: Array | None = None
+  cache_valid: Array | None = None
+  cache_positions: Array | None = None
   start_layer: Array | None = None
 
 
 jax.tree_util.register_dataclass(SharedInputs, data_fields=["cos", "sin", "positions", "segments", "neuron_where",
-                                                            "context_valid", "context_positions", "start_layer"],
+                                                            "context_valid", "context_positions", "cache_valid",
+                                                            "cache_positions", "start_layer"],
                                  meta_fields=[])
 
 
@@ -238,10 +249,13 @@ class DecoderLayer(nn.Module):
     context = None
     if layer.context_k is not None:
       context = Context(layer.context_k, layer.context_v, shared.context_valid, shared.context_positions)
+    cache = None
+    if layer.cache_k is not None:
+      cache = Context(layer.cache_k, layer.cache_v, shared.cache_valid, shared.cache_positions)
     rope = 0 if layer.rope is None else layer.rope
     attn_out, head_out, k, v = self.attn(self.attn_norm(x) if cfg.pre_norm else x, shared.cos[rope], shared.sin[rope],
                                          layer.head_mask, layer.head_fill, context, shared.segments, shared.positions,
-                                         layer.window)
+                                         layer.window, cache)
     if cfg.post_norm:
       attn_out = self.post_attn_norm(attn_out)
     x = x + attn_out
@@ -288,12 +302,14 @@ class Transformer(nn.Module):
   @nn.compact
   def __call__(self, tokens: Array, positions: Array, *, ablation: Ablation | None = None,
                context: Context | None = None, segments: Array | None = None, start: Resume | None = None,
-               outputs: OutputSpec = OutputSpec(), dtype: Any = None) -> ModelOutput:
+               outputs: OutputSpec = OutputSpec(), dtype: Any = None, cache: Context | None = None) -> ModelOutput:
     """Runs the decoder.
 
     tokens: int [M, R, S]. positions: int [M|1, R|1, S], absolute positions (after any context).
     ablation: head and/or neuron masks with their fill values (`Ablation`), or None for the unablated model.
     context: keys/values [L, M, C, K, Dh] visible to every request, with `valid` [M, R|1, C].
+    cache: keys/values [L, M, R, C', K, Dh], each request's own (a decoding cache), with `valid` [M, R, C']; a token
+      attends to the context, then its cache, then the tokens of this call.
     segments: int [M|1, R|1, S]: a token attends to earlier tokens of its own segment only (several requests packed
       in one row); -1 marks padding, which no real token sees. None: one segment per row (right padding needs
       nothing more: causal attention already hides it from real tokens).
@@ -319,9 +335,10 @@ class Transformer(nn.Module):
     ablation = ablation or Ablation()
     if outputs.unit_sums and segments is None:
       segments = jnp.zeros(tokens.shape, jnp.int32)
-    layer = LayerInputs.build(cfg, ablation, context, tokens.shape[0])
+    layer = LayerInputs.build(cfg, ablation, context, cache, tokens.shape[0])
     shared = SharedInputs(cos, sin, positions, segments, ablation.neuron_where,
                           None if context is None else context.valid, None if context is None else context.positions,
+                          None if cache is None else cache.valid, None if cache is None else cache.positions,
                           None if start is None else start.layer)
     layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                      in_axes=(0, nn.broadcast), length=cfg.num_layers)(cfg, self.param_dtype, outputs, name="layers")

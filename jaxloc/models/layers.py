@@ -112,9 +112,11 @@ def apply_rotary(x: Array, cos: Array, sin: Array) -> Array:
 
 @dataclasses.dataclass
 class Context:
-  """Keys/values computed earlier, visible to every request of a mask.
+  """Keys/values computed earlier: visible to every request of a mask (a shared prefix), or each request's own (a
+  decoding cache).
 
-  k, v: [M, C, K, Dh] for one layer ([L, M, C, K, Dh] when held for all layers).
+  k, v: [M, C, K, Dh] shared by a mask's requests, or [M, R, C, K, Dh] one block per request, for one layer (with a
+    leading L when held for all layers).
   valid: bool [M, R|1, C], which context positions each request may attend to.
   positions: int [M|1, R|1, C], each context key's absolute position (a sliding-window layer's query at position p
     sees those > p - window).
@@ -142,8 +144,11 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x: Array, cos: Array, sin: Array, head_mask: Array | None, head_fill: Array | None,
                context: Context | None, segments: Array | None, positions: Array | None = None,
-               window: Array | None = None):
+               window: Array | None = None, cache: Context | None = None):
     """x: [M, R, S, D]; head_mask: [M, K, G] (1 keep, 0 ablate); head_fill: [K, G, Dh] or None;
+    context: keys/values shared by each mask's requests (k [M, C, K, Dh]); cache: each request's own (k
+    [M, R, C', K, Dh]). A query attends to the context, then the cache, then the tokens of this call: one softmax
+    over the three blocks of scores, so that a mask's prefix is read once for all its requests;
     segments: int [M|1, R|1, S] or None (`Transformer`: a token sees earlier tokens of its own segment only);
     window: int32 scalar or None: a query at position p sees keys at positions > p - window (`positions`
     [M|1, R|1, S], the queries' own; context keys carry theirs).
@@ -185,20 +190,24 @@ class Attention(nn.Module):
       visible = visible & (positions[..., None, :] > positions[..., :, None] - window)[:, :, None, None]
     scores = jnp.einsum("mrskgh,mrtkh->mrkgst", q, k, preferred_element_type=jnp.float32) * scale
     scores = jnp.where(visible, _soft_cap(scores, cfg.attn_softcap), _MASKED_SCORE)
-    if context is not None:
-      ctx_scores = jnp.einsum("mrskgh,mckh->mrkgsc", q, context.k.astype(dtype),
-                              preferred_element_type=jnp.float32) * scale
-      ctx_visible = context.valid[:, :, None, :]  # [M, R|1, 1, C]
+    blocks = []  # (scores [M, R, K, G, S, C], values, einsum of probabilities and values), earlier keys first
+    for earlier in (context, cache):
+      if earlier is None:
+        continue
+      keys = "mckh" if earlier.k.ndim == 4 else "mrckh"  # shared by a mask's requests, or each request's own
+      block = jnp.einsum(f"mrskgh,{keys}->mrkgsc", q, earlier.k.astype(dtype),
+                         preferred_element_type=jnp.float32) * scale
+      seen = earlier.valid[:, :, None, :]  # [M, R|1, 1, C]
       if window is not None:
-        ctx_visible = ctx_visible & (context.positions[:, :, None, :] > positions[..., :, None] - window)
-      ctx_scores = jnp.where(ctx_visible[:, :, None, None], _soft_cap(ctx_scores, cfg.attn_softcap), _MASKED_SCORE)
-      probs = jax.nn.softmax(jnp.concatenate([ctx_scores, scores], axis=-1), axis=-1).astype(dtype)
-      ctx_len = ctx_scores.shape[-1]
-      out = (jnp.einsum("mrkgsc,mckh->mrskgh", probs[..., :ctx_len], context.v.astype(dtype))
-             + jnp.einsum("mrkgst,mrtkh->mrskgh", probs[..., ctx_len:], v))
-    else:
-      probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-      out = jnp.einsum("mrkgst,mrtkh->mrskgh", probs, v)
+        seen = seen & (earlier.positions[:, :, None, :] > positions[..., :, None] - window)
+      block = jnp.where(seen[:, :, None, None], _soft_cap(block, cfg.attn_softcap), _MASKED_SCORE)
+      blocks.append((block, earlier.v.astype(dtype), f"mrkgsc,{keys}->mrskgh"))
+    blocks.append((scores, v, "mrkgst,mrtkh->mrskgh"))
+    probs = jax.nn.softmax(jnp.concatenate([b[0] for b in blocks], axis=-1), axis=-1).astype(dtype)
+    out, begin = None, 0
+    for block, values, spec in blocks:
+      part = jnp.einsum(spec, probs[..., begin:begin + block.shape[-1]], values)
+      out, begin = part if out is None else out + part, begin + block.shape[-1]
 
     if head_mask is not None:
       keep = head_mask.astype(dtype)[:, None, None, :, :, None]
