@@ -14,6 +14,7 @@ loaded on another's): a rerun or a resumed run reads its executables back instea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -77,24 +78,35 @@ def _listen() -> None:
 
 
 class Jitted:
-  """`jax.jit(fn, **options)` whose compiles are charged to `time`."""
+  """`jax.jit(fn, **options)` whose compiles are charged to `time`, traced under `matmul_precision` where given.
 
-  def __init__(self, fn: Callable, time: CompileTime, **options: Any):
+  matmul_precision: `jax.default_matmul_precision` for the float32 matmuls and convolutions traced here (None: JAX's
+    default, which is TF32 on GPUs that have it). It is part of jit's cache key, so one function traced under two
+    precisions compiles twice rather than reusing the other's executable."""
+
+  def __init__(self, fn: Callable, time: CompileTime, matmul_precision: str | None = None, **options: Any):
     _listen()
     self._jitted = jax.jit(fn, **options)
     self._time = time
+    self._precision = matmul_precision
     self._executables: dict = {}
+
+  def _traced(self):
+    """The context every trace of the function runs in: the precision is read when tracing, not when jitting."""
+    return contextlib.nullcontext() if self._precision is None else jax.default_matmul_precision(self._precision)
 
   def __call__(self, *args, **kwargs):
     outer = getattr(_charged, "time", None)
     _charged.time = self._time
     try:
-      return self._jitted(*args, **kwargs)
+      with self._traced():
+        return self._jitted(*args, **kwargs)
     finally:
       _charged.time = outer
 
   def lower(self, *args, **kwargs):
-    return self._jitted.lower(*args, **kwargs)
+    with self._traced():
+      return self._jitted.lower(*args, **kwargs)
 
   def executable(self, *args, **static):
     """The function compiled ahead of time for `args` (arrays, or `jax.ShapeDtypeStruct`s with the shardings the
@@ -106,7 +118,7 @@ class Jitted:
       outer = getattr(_charged, "time", None)
       _charged.time = self._time
       try:
-        self._executables[key] = self._jitted.lower(*args, **static).compile()
+        self._executables[key] = self.lower(*args, **static).compile()
       finally:
         _charged.time = outer
     return self._executables[key]

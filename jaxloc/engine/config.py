@@ -39,6 +39,12 @@ class EngineConfig:
       "choices": ("auto", "float32", "bfloat16"),
       "help": "Activation dtype (residual stream and matmul inputs); auto = --dtype. float32 with --dtype=bfloat16 "
               "keeps bfloat16 weights in memory and computes in float32."})
+  float32_matmuls: str = dataclasses.field(default="highest", metadata={
+      "choices": ("highest", "tensorfloat32"),
+      "help": "Precision of float32 matmuls and convolutions on every backend: highest is true float32 (default: "
+              "parity with transformers to ~1e-6 on every device; JAX's own default on GPUs is TF32, 3e-4 off); "
+              "tensorfloat32 allows TF32 on GPUs that have it (faster, ~1e-3 relative). bfloat16 activations are "
+              "unaffected."})
   compilation_cache: str = dataclasses.field(default="", metadata={
       "help": "JAX's persistent compilation cache, so that a rerun or a resumed run compiles nothing new: a directory; "
               "empty = compilation/ in the jaxloc cache ($JAXLOC_CACHE or ~/.cache/jaxloc); 'none' turns it off. "

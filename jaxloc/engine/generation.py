@@ -55,6 +55,24 @@ class Slots:
 jax.tree_util.register_dataclass(Slots, data_fields=[f.name for f in dataclasses.fields(Slots)], meta_fields=[])
 
 
+def slot_shapes(config, dtype, *, slots: int, rows: int, prefix: int, cache: int, new: int, heads: bool = True,
+                neurons: bool = False, head_fill: bool = False, neuron_fill: bool = False) -> Slots:
+  """A `Slots` of `jax.ShapeDtypeStruct`s: a job's state as shapes, to compile its calls ahead of time (and read
+  XLA's memory and cost analyses) before any of it exists. heads/neurons: which masks the slots hold; *_fill:
+  mean ablation."""
+  c = config
+  shape = jax.ShapeDtypeStruct
+  kv = shape((c.num_layers, slots, prefix, c.num_kv_heads, c.head_dim), dtype)
+  own = shape((c.num_layers, slots, rows, cache, c.num_kv_heads, c.head_dim), dtype)
+  per_row = lambda d: shape((slots, rows), d)  # noqa: E731
+  ablation = Ablation(shape((slots, c.num_layers, c.num_heads), dtype) if heads else None,
+                      shape((c.num_layers, c.num_heads, c.head_dim), dtype) if heads and head_fill else None,
+                      shape((slots, c.num_layers, c.intermediate_size), dtype) if neurons else None,
+                      shape((c.num_layers, c.intermediate_size), dtype) if neurons and neuron_fill else None)
+  return Slots(ablation, shape((), jnp.int32), kv, kv, own, own, per_row(jnp.int32), per_row(jnp.int32),
+               shape((slots, rows, new), jnp.int32), per_row(jnp.int32), per_row(bool), per_row(jnp.int32))
+
+
 def prefix_context(state: Slots) -> Context | None:
   """The mask slots' prefix keys/values as the model's shared `Context` (None without a prefix)."""
   width = state.prefix_k.shape[2]

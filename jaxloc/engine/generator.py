@@ -128,22 +128,13 @@ class Generator:
 
   def _abstract(self, job: Job, masks: Masks, fill: Fills) -> generation.Slots:
     """The state of `job` as shapes and dtypes (`jax.ShapeDtypeStruct`s with their shardings)."""
-    c, dtype = self.shared.model_config, self.shared.placement.dtype
-    slots, rows = job.layout.slots, job.layout.rows
-    kv = (c.num_layers, slots, job.prefix, c.num_kv_heads, c.head_dim)
-    cache = (c.num_layers, slots, rows, job.cache, c.num_kv_heads, c.head_dim)
-    shape = lambda s, d: jax.ShapeDtypeStruct(s, d)  # noqa: E731
-    state = generation.Slots(
-        ablation=Ablation(None if masks.heads is None else shape((slots,) + masks.heads.shape[1:], dtype),
-                          None if fill.heads is None or masks.heads is None else shape(fill.heads.shape, dtype),
-                          None if masks.neurons is None else shape((slots,) + masks.neurons.shape[1:], dtype),
-                          None if fill.neurons is None or masks.neurons is None else shape(fill.neurons.shape, dtype)),
-        prefix_len=shape((), jnp.int32), prefix_k=shape(kv, dtype), prefix_v=shape(kv, dtype),
-        cache_k=shape(cache, dtype), cache_v=shape(cache, dtype), length=shape((slots, rows), jnp.int32),
-        current=shape((slots, rows), jnp.int32), tokens=shape((slots, rows, job.new), jnp.int32),
-        count=shape((slots, rows), jnp.int32), done=shape((slots, rows), bool), automaton=shape((slots, rows), jnp.int32))
-    shardings = self._shardings(state)
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), state, shardings)
+    state = generation.slot_shapes(
+        self.shared.model_config, self.shared.placement.dtype, slots=job.layout.slots, rows=job.layout.rows,
+        prefix=job.prefix, cache=job.cache, new=job.new, heads=masks.heads is not None,
+        neurons=masks.neurons is not None, head_fill=masks.heads is not None and fill.heads is not None,
+        neuron_fill=masks.neurons is not None and fill.neurons is not None)
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), state,
+                        self._shardings(state))
 
   def _empty(self, job: Job, masks: Masks, fill: Fills) -> generation.Slots:
     """A state of `job` with every row ended and every mask slot keeping everything (made on the devices)."""

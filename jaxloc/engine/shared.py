@@ -98,9 +98,16 @@ class Shared:
   def module(self) -> Any:
     return self.model.module
 
+  @property
+  def matmul_precision(self) -> str | None:
+    """`EngineConfig.float32_matmuls` where activations are float32, else None: bfloat16 matmuls keep JAX's
+    default, which the setting does not govern."""
+    return self.config.float32_matmuls if self.config.activation_dtype == "float32" else None
+
   def jit(self, fn, **options) -> compilation.Jitted:
-    """`jax.jit(fn, **options)`, its compiles charged to this engine (`stats.compile`)."""
-    return compilation.Jitted(fn, self.stats.compile, **options)
+    """`jax.jit(fn, **options)`, its compiles charged to this engine (`stats.compile`) and its float32 matmuls at
+    `matmul_precision`: set here, for every jitted function of the engine, because JAX's default on GPUs is TF32."""
+    return compilation.Jitted(fn, self.stats.compile, matmul_precision=self.matmul_precision, **options)
 
   @property
   def model_config(self) -> ModelConfig:
