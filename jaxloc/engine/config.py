@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
+# jax.default_matmul_precision's names for the two precisions a float32 run may ask of its matmuls.
+FLOAT32_MATMULS = ("highest", "tensorfloat32")
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
@@ -40,7 +43,7 @@ class EngineConfig:
       "help": "Activation dtype (residual stream and matmul inputs); auto = --dtype. float32 with --dtype=bfloat16 "
               "keeps bfloat16 weights in memory and computes in float32."})
   float32_matmuls: str = dataclasses.field(default="highest", metadata={
-      "choices": ("highest", "tensorfloat32"),
+      "choices": FLOAT32_MATMULS,
       "help": "Precision of float32 matmuls and convolutions on every backend: highest is true float32 (default: "
               "parity with transformers to ~1e-6 on every device; JAX's own default on GPUs is TF32, 3e-4 off); "
               "tensorfloat32 allows TF32 on GPUs that have it (faster, ~1e-3 relative). bfloat16 activations are "

@@ -15,10 +15,11 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from jaxloc.engine import compilation
-from jaxloc.engine.config import EngineConfig
+from jaxloc.engine.config import FLOAT32_MATMULS, EngineConfig
 from jaxloc.engine.layouts import Layouts
 from jaxloc.engine.placement import Placement
 from jaxloc.engine.planner import Planner, resolve
+from jaxloc.errors import UserError
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.loading import LoadedModel
 
@@ -87,6 +88,8 @@ class Shared:
   @classmethod
   def build(cls, model: LoadedModel, config: EngineConfig, mesh: Mesh) -> "Shared":
     config = resolve(config, model.dtype)
+    if config.float32_matmuls not in FLOAT32_MATMULS:  # the flag is an enum; this catches the Python API
+      raise UserError(f"--float32_matmuls={config.float32_matmuls} must be one of {', '.join(FLOAT32_MATMULS)}")
     config = dataclasses.replace(config, compilation_cache=compilation.use_persistent_cache(config.compilation_cache))
     placement = Placement.build(model.params, mesh, getattr(jnp, config.activation_dtype))
     planner = Planner.of(config, model.config, placement.data_parallel)

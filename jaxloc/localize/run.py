@@ -134,18 +134,20 @@ def _check_memory(num_masks: int, total: int, tasks: Tasks, unit: str) -> None:
                     f"document), more than half of this machine's {memory / 2**30:.0f} GiB: give at most {most:,}")
 
 
-def scoring_settings(dtype: str, activation_dtype: str, share_prefix: bool) -> dict[str, Any]:
+def scoring_settings(dtype: str, activation_dtype: str, share_prefix: bool, float32_matmuls: str) -> dict[str, Any]:
   """The engine settings saved scores depend on, as run.json records them (by flag name): the parameter and
-  activation dtypes, and --share_prefix, which in bfloat16 changes scores beyond rounding (SmolLM2 on plurals: a
+  activation dtypes, --share_prefix, which in bfloat16 changes scores beyond rounding (SmolLM2 on plurals: a
   mask's mean log-probability by up to 0.82 and its accuracy by 0.07, more than bfloat16 against float32 changes the
-  log-probability, 0.13; in float32 by 2e-5)."""
-  return {"dtype": dtype, "activation_dtype": activation_dtype, "share_prefix": share_prefix}
+  log-probability, 0.13; in float32 by 2e-5), and --float32_matmuls where activations are float32 (TF32 on a GPU moves
+  logits by ~3e-4; None otherwise, as the engine then leaves matmul precision alone)."""
+  return {"dtype": dtype, "activation_dtype": activation_dtype, "share_prefix": share_prefix,
+          "float32_matmuls": float32_matmuls if activation_dtype == "float32" else None}
 
 
 def engine_scoring_settings(engine) -> dict[str, Any]:
   """`scoring_settings` of an engine."""
   return scoring_settings(np.dtype(engine.model.dtype).name, np.dtype(engine.dtype).name,
-                          engine.config.share_prefix)
+                          engine.config.share_prefix, engine.config.float32_matmuls)
 
 
 @dataclasses.dataclass
@@ -374,6 +376,7 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
                          "compile_cache_hits": engine.compile_time.cache_hits - compile_before.cache_hits,
                          "seconds_per_mask": timing.get("seconds_per_mask"), "dtype": np.dtype(engine.model.dtype).name,
                          "activation_dtype": np.dtype(engine.dtype).name,
+                         "float32_matmuls": engine.shared.matmul_precision,
                          "devices": engine.mesh.size, "processes": jax.process_count()})
   files.write_json(os.path.join(settings.output_dir, run_file(unit)), payload)
   return payload

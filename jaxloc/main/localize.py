@@ -56,7 +56,7 @@ def _flag_scoring_settings() -> dict[str, Any]:
   model_flags, engine_config = cli.settings_from_flags(cli.ModelFlags), cli.settings_from_flags(EngineConfig)
   dtype = np.dtype(default_dtype()).name if model_flags.dtype == "auto" else model_flags.dtype
   activation = dtype if engine_config.activation_dtype == "auto" else engine_config.activation_dtype
-  return scoring_settings(dtype, activation, engine_config.share_prefix)
+  return scoring_settings(dtype, activation, engine_config.share_prefix, engine_config.float32_matmuls)
 
 
 def define_flags() -> None:

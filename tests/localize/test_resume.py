@@ -95,6 +95,7 @@ def test_layout_checks_need_only_the_config_and_scoring_settings_are_recorded(en
   import json
 
   recorded = json.load(open(os.path.join(settings.output_dir, "run.json")))
-  assert {k: recorded[k] for k in ("dtype", "activation_dtype", "share_prefix")} == engine_scoring_settings(engine) \
-      == {"dtype": "float32", "activation_dtype": "float32", "share_prefix": True}
+  assert {k: recorded[k] for k in ("dtype", "activation_dtype", "share_prefix", "float32_matmuls")} \
+      == engine_scoring_settings(engine) \
+      == {"dtype": "float32", "activation_dtype": "float32", "share_prefix": True, "float32_matmuls": "highest"}
   assert len(recorded["documents"]) == 16

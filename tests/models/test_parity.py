@@ -1,5 +1,6 @@
 """Logit parity with transformers' PyTorch implementation, in float32, with no download."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -61,12 +62,15 @@ def tiny(request, tmp_path_factory):
 
 
 def _jax_logits(loaded, tokens, positions=None, head_mask=None, segments=None, neuron_mask=None):
+  """The module's float32 logits at full matmul precision, as an engine computes them (`--float32_matmuls`'s default;
+  on GPUs JAX's own default would be TF32)."""
   tokens = jnp.asarray(tokens)[:, None]  # [batch as masks, 1 request, seq]
   if positions is None:
     positions = jnp.arange(tokens.shape[-1])[None, None]
-  out = loaded.module.apply({"params": loaded.params}, tokens, jnp.asarray(positions),
-                            ablation=Ablation(head_mask=head_mask, neuron_mask=neuron_mask), segments=segments)
-  return np.asarray(lm_logits(loaded.config, loaded.params, out.hidden))[:, 0]
+  with jax.default_matmul_precision("highest"):
+    out = loaded.module.apply({"params": loaded.params}, tokens, jnp.asarray(positions),
+                              ablation=Ablation(head_mask=head_mask, neuron_mask=neuron_mask), segments=segments)
+    return np.asarray(lm_logits(loaded.config, loaded.params, out.hidden))[:, 0]
 
 
 def test_logits_match_transformers(tiny):
