@@ -73,6 +73,17 @@ def slot_shapes(config, dtype, *, slots: int, rows: int, prefix: int, cache: int
                shape((slots, rows, new), jnp.int32), per_row(jnp.int32), per_row(bool), per_row(jnp.int32))
 
 
+def empty_slots(shapes: Slots, head_fill, neuron_fill, prefix_len) -> Slots:
+  """A state of `shapes` (`slot_shapes`) with every row ended and every mask slot keeping everything: zeros, the fills
+  given (or None), `prefix_len` real prefix tokens."""
+  state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  ablation = state.ablation
+  ones = lambda a: None if a is None else jnp.ones_like(a)  # noqa: E731
+  return dataclasses.replace(
+      state, ablation=Ablation(ones(ablation.head_mask), head_fill, ones(ablation.neuron_mask), neuron_fill),
+      prefix_len=jnp.asarray(prefix_len, jnp.int32), done=jnp.ones(shapes.done.shape, bool))
+
+
 def prefix_context(state: Slots) -> Context | None:
   """The mask slots' prefix keys/values as the model's shared `Context` (None without a prefix)."""
   width = state.prefix_k.shape[2]

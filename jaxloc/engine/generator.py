@@ -88,6 +88,7 @@ class Generator:
     self._stop_cache: dict = {}
     self._token_strings: list[str] | None = None
     self._layouts: dict = {}  # (masks, docs, prefix, suffix, new, kinds) -> GenerationSlots, measured once
+    self._makers: dict = {}  # a state's shapes -> its compiled maker (`generation.empty_slots`)
 
   def _stop_tables(self, stops: tuple[str, ...]):
     """Device tables of the stop-string automaton for `stops` (cached; the vocabulary is decoded once)."""
@@ -137,21 +138,18 @@ class Generator:
                         self._shardings(state))
 
   def _empty(self, job: Job, masks: Masks, fill: Fills) -> generation.Slots:
-    """A state of `job` with every row ended and every mask slot keeping everything (made on the devices)."""
+    """A state of `job` with every row ended and every mask slot keeping everything, made on the devices (one
+    compiled maker per shape)."""
     abstract = self._abstract(job, masks, fill)
+    leaves, tree = jax.tree.flatten(abstract)
+    key = (tree, tuple((x.shape, str(x.dtype)) for x in leaves))
+    if key not in self._makers:
+      self._makers[key] = jax.jit(functools.partial(generation.empty_slots, abstract),
+                                  out_shardings=jax.tree.map(lambda s: s.sharding, abstract))
     fills = self.shared.placement.fills(fill)
-
-    def make():
-      state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract)
-      ablation = state.ablation
-      return dataclasses.replace(
-          state, ablation=Ablation(None if ablation.head_mask is None else jnp.ones_like(ablation.head_mask),
-                                   None if ablation.head_fill is None else fills.heads,
-                                   None if ablation.neuron_mask is None else jnp.ones_like(ablation.neuron_mask),
-                                   None if ablation.neuron_fill is None else fills.neurons),
-          prefix_len=jnp.int32(job.prefix_len), done=jnp.ones(abstract.done.shape, bool))
-
-    return jax.jit(make, out_shardings=jax.tree.map(lambda s: s.sharding, abstract))()
+    return self._makers[key](fills.heads if abstract.ablation.head_fill is not None else None,
+                             fills.neurons if abstract.ablation.neuron_fill is not None else None,
+                             np.int32(job.prefix_len))
 
   # --- planning -------------------------------------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ def test_an_engine_resolves_its_defaults_and_a_variant_keeps_them(tiny_model):
   assert engine.shared.planner.budget == planner.default_memory_budget()  # bytes survive the GiB round trip
   variant = Engine(tiny_model, dataclasses.replace(config, pack=False, generation_batch=3), mesh=engine.mesh)
   assert variant.config == dataclasses.replace(config, pack=False, generation_batch=3)
-  assert variant.shared.planner.generation_rows(prompt_len=64, max_new=8, pairs=100) == 3
+  layout = variant.shared.planner.generation_slots(masks=10, docs=100, prefix=64, suffix=16, new=8)
+  assert layout.slots * layout.rows <= 3
   assert engine.model_config is tiny_model.config
 
 
@@ -61,14 +62,28 @@ def test_the_engine_flags_are_the_config_fields():
 
 
 def test_the_planner_answers_every_batch_size_from_one_budget(tiny_model):
-  """Generation rows and integrated-gradient requests shrink with the budget; data parallelism rounds generation
-  rows up to a multiple of the data axis."""
+  """Generation slots and integrated-gradient requests shrink with the budget; generation rows fill a mask slot with
+  its prompts first, then more mask slots, as powers of two; data parallelism rounds mask slots up to a multiple of
+  the data axis."""
   big = planner.Planner(tiny_model.config, budget=1 << 30, tokens_per_batch=2048, dtype_bytes=4)
   small = dataclasses.replace(big, budget=1 << 21)
-  assert small.generation_rows(64, 32, 1000) < big.generation_rows(64, 32, 1000) == 64  # the CPU cap
-  assert big.generation_rows(64, 32, 5) == 8  # a power of two: few shapes whatever the count
-  assert dataclasses.replace(big, data_parallel=4).generation_rows(64, 32, 3) == 4
-  assert dataclasses.replace(big, data_parallel=3).generation_rows(64, 32, 5) == 9
+
+  def rows(p, masks=1000, docs=1000, **kw):
+    layout = p.generation_slots(masks=masks, docs=docs, prefix=64, suffix=32, new=32, **kw)
+    return layout.slots, layout.rows
+
+  assert rows(big) == (1, 64)  # the CPU cap, all in one mask slot
+  assert rows(big, platform="gpu") == (1, 1024)
+  assert rows(big, docs=5) == (8, 8)  # a power of two: few shapes whatever the count
+  assert rows(big, masks=3, docs=5) == (4, 8)
+  small_slots, small_rows = rows(small)
+  assert small_slots * small_rows < 64
+  assert small.generation_bytes(small_slots, small_rows, 64, 32, 32) <= small.budget
+  assert rows(dataclasses.replace(big, data_parallel=4), masks=3, docs=5) == (4, 8)
+  assert rows(dataclasses.replace(big, data_parallel=4), masks=1, docs=5) == (4, 8)
+  assert rows(dataclasses.replace(big, data_parallel=3), masks=2, docs=5)[0] == 3
+  with pytest.raises(UserError, match="one generation row"):
+    dataclasses.replace(big, budget=1 << 10).generation_slots(masks=1, docs=1, prefix=64, suffix=32, new=32)
   rows = dict(suffix=64, context=16, targets=2, steps=20, num_requests=1000)
   assert 1 <= small.attribution_rows(**rows) < big.attribution_rows(**rows) <= 1000
   assert big.attribution_rows(**{**rows, "num_requests": 7}) == 7

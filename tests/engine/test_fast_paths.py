@@ -145,23 +145,26 @@ def test_residual_cache_must_be_under_the_memory_budget(tiny_model):
 
 
 def test_shared_prefill_generates_as_full_prefill(tiny_model):
-  """Generation rows whose masks start past layer 0 resume from the prompts' unablated prefill: the same tokens as
-  every row prefilling itself (single heads of every layer, prompts of different lengths, batches mixing them)."""
+  """Generation masks whose first ablated layer is past 0 prefill the shared prefix from there, the layers below from
+  the unablated prefix (computed once): the same tokens as every mask prefilling it whole (single heads of every
+  layer, suffixes of different lengths)."""
   config = tiny_model.config
-  prompts = [[5, 9, 3, 7, 11, 2, 8], [4, 4, 6], [12, 3, 9, 9, 1]]
+  shared = [7, 3, 9, 12, 5, 8]
+  prompts = [shared + [5, 9, 3, 7, 11, 2, 8], shared + [4, 4, 6], shared + [12, 3, 9, 9, 1]]
   heads = single_head_masks(config)
   fast = Engine(tiny_model, EngineConfig(generation_batch=4))
   full = Engine(tiny_model, EngineConfig(generation_batch=4, residual_cache_gb=0))
   a = fast.generate_tokens(prompts, heads, max_new_tokens=6)
   b = full.generate_tokens(prompts, heads, max_new_tokens=6)
-  assert fast.stats.calls == full.stats.calls + 1  # the shared prefill ran (once)
+  assert fast.generator._prefix_fn.compiled_shapes() == 1  # noqa: SLF001  the unablated prefix ran
+  assert full.generator._prefix_fn.compiled_shapes() == 0  # noqa: SLF001
   assert a == b
   assert len({tuple(row[0]) for row in a}) > 1  # the masks change what is generated
 
 
 def test_one_mask_generation_skips_the_shared_prefill(tiny_model):
-  """Each prompt under a single mask: a shared prefill would only add work, so none runs."""
+  """Prompts under a single mask: an unablated prefix would only add work, so none runs."""
   heads = single_head_masks(tiny_model.config)[-1:]
   engine = Engine(tiny_model, EngineConfig(generation_batch=4))
-  engine.generate_tokens([[5, 9, 3], [4, 4, 6, 1]], heads, max_new_tokens=3)
-  assert engine.stats.calls == 1
+  engine.generate_tokens([[5, 9, 3, 7, 8, 1], [5, 9, 3, 7, 8, 4, 6, 1]], heads, max_new_tokens=3)
+  assert engine.generator._prefix_fn.compiled_shapes() == 0  # noqa: SLF001

@@ -1,12 +1,17 @@
-"""Greedy generation under masks against transformers, and stop handling."""
+"""Greedy generation under masks against transformers and against the generator it replaced (the very same tokens
+under head, neuron and mean ablation, stop strings included), continuous batching, and stop handling."""
 
 import numpy as np
 import pytest
 
+from jaxloc.bench.previous_generation import PreviousGenerator
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
-from jaxloc.engine.generation import stop_tables, truncate_at_stop
+from jaxloc.engine.generator import shared_prefix_length
 from jaxloc.engine.requests import GenerationRequest
+from jaxloc.engine.stops import stop_tables, truncate_at_stop
+from jaxloc.tasks import gsm8k
+from tests.tiny import GEMMA3, make_tiny
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time",
            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", "1, 2, 3, 4,",
@@ -118,3 +123,80 @@ def test_padding_rows_do_not_keep_the_loop_running(tiny_model):
   steps.generate(long, np.ones((1, 3, 6)))
   full_seconds = steps.stats.seconds - before
   assert one_batch_seconds < full_seconds / 5
+
+
+def _ablations(config, rng):
+  """Keyword sets of `Engine.generate` for head, neuron and mean ablation: three masks each, one keeping all."""
+  heads = np.ones((3, config.num_layers, config.num_heads), np.float32)
+  heads[1].reshape(-1)[rng.choice(config.num_head_total, 3, replace=False)] = 0
+  heads[2, config.num_layers // 2] = 0
+  neurons = np.ones((3, config.num_layers, config.intermediate_size), np.float32)
+  neurons[1, 0, rng.choice(config.intermediate_size, config.intermediate_size // 4, replace=False)] = 0
+  neurons[2, -1, :config.intermediate_size // 2] = 0
+  fill = rng.normal(size=(config.num_layers, config.num_heads, config.head_dim)).astype(np.float32)
+  return {"heads": dict(head_masks=heads), "neurons": dict(neuron_masks=neurons),
+          "mean": dict(head_masks=heads, head_fill=fill)}
+
+
+def _few_shot_requests(max_new_tokens, stop=("\n\n", "Q:")):
+  shots = "".join(f"Q: what is {a} and {b}?\nA: {a + b}\n\n" for a, b in [(2, 3), (4, 1), (5, 2)])
+  questions = ["what is 1 and 1?", "name a colour", "what is 7 and 2? think step by step", "x", "count to five"]
+  return [GenerationRequest(shots + f"Q: {q}\nA:", stop=stop, max_new_tokens=max_new_tokens) for q in questions]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("kind", ["heads", "neurons", "mean"])
+def test_generation_equals_the_previous_generator(tokenizer, family, kind):
+  """Shared prefix, rows refilled and masks swapped in two row slots, spans read in buckets: every text as the
+  generator before them gave it (which recomputed each row's whole prompt)."""
+  model = make_tiny(tokenizer, **(GEMMA3 if family == "gemma3" else {}))
+  requests = _few_shot_requests(24)
+  kwargs = _ablations(model.config, np.random.default_rng(0))[kind]
+  engine = Engine(model, EngineConfig(generation_batch=2))
+  ours = engine.generate(requests, **kwargs)
+  assert ours == PreviousGenerator(engine.shared).generate(requests, **kwargs)
+  assert len({tuple(texts) for texts in ours}) > 1  # the masks change what is generated
+  layout = next(iter(engine.generator._layouts.values()))  # noqa: SLF001
+  assert layout.slots * layout.rows == 2  # so 15 (mask, prompt) pairs needed refills and mask swaps
+
+
+def test_rows_refill_and_masks_swap_as_rows_end(tiny_model):
+  """Uneven lengths (a stop string most rows meet early, a budget that ends the rest): with few row slots each is
+  filled again as its row ends, and a mask slot takes the next mask once its mask's rows have all ended; every
+  (mask, prompt) pair comes back once, equal to generating it alone."""
+  requests = _few_shot_requests(20, stop=(" ",))
+  masks = np.ones((4, 3, 6), np.float32)
+  masks[1, 0, 2] = masks[2, 2, 5] = masks[3, 1, :] = 0
+  engine = Engine(tiny_model, EngineConfig(generation_batch=4))
+  seen = []
+  texts = engine.generate(requests, masks, progress=seen.append)
+  assert sum(seen) == len(masks) * len(requests)
+  alone = Engine(tiny_model, EngineConfig(generation_batch=1))
+  assert texts == [[alone.generate([r], m[None])[0][0] for r in requests] for m in masks]
+  insert = engine.generator._insert_fn  # noqa: SLF001
+  assert insert.compiled_shapes() >= 2  # the first fill and smaller refills
+
+
+def test_shared_prefix_length_leaves_every_prompt_a_token():
+  assert shared_prefix_length([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 7]]) == 5
+  assert shared_prefix_length([[1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 9, 9]]) == 4  # the shorter one keeps its last token
+  assert shared_prefix_length([[1, 2, 3, 9], [1, 2, 3, 8]]) == 0  # under the minimum worth a call
+  assert shared_prefix_length([[4, 4, 4, 4, 4, 4, 4]]) == 6  # one prompt: all but its last token, once per mask
+
+
+def _gsm8k_requests(tokenizer, count, max_new_tokens):
+  questions = [q for q, _ in gsm8k.FEW_SHOT]
+  del tokenizer
+  return [GenerationRequest(gsm8k.few_shot_prefix() + gsm8k.question_text(questions[i % len(questions)]),
+                            stop=gsm8k.STOP, max_new_tokens=max_new_tokens) for i in range(count)]
+
+
+@pytest.mark.parametrize("kind", ["heads", "neurons", "mean"])
+def test_smollm2_gsm8k_generation_equals_the_previous_generator(smollm2, smollm2_engine, kind):
+  """The real 5-shot GSM8K prompt (about 700 shared tokens) on the embedded default in float32: the texts, cut at
+  `Question:`, equal the previous generator's under every kind of ablation."""
+  requests = _gsm8k_requests(smollm2.tokenizer, 3, 48)
+  kwargs = _ablations(smollm2.config, np.random.default_rng(1))[kind]
+  ours = smollm2_engine.generate(requests, **kwargs)
+  assert ours == PreviousGenerator(smollm2_engine.shared).generate(requests, **kwargs)
+  assert any("####" in text or "Question" not in text for text in ours[0])
