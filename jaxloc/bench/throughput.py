@@ -13,7 +13,10 @@ All figures come from one process on one machine, so ratios are fair even on a s
       `plurals` under 300 stratified masks), `one_shot_greedy` (`plurals` under every single-head mask) and
       `generation` (HumanEval prompts under single-head masks, against `transformers.generate` too: through the
       chat template like `humaneval`, or, for a base model whose tokenizer has none, in the plain completion format
-      of `humaneval_solutions`, the function's signature and docstring).
+      of `humaneval_solutions`, the function's signature and docstring), and `gsm8k` (`jaxloc.bench.gsm8k_generation`:
+      the task's 5-shot prompts under random 5-head masks to its stop strings, the engine's generator against the
+      previous generator and `transformers.generate`, as seconds per mask, tokens/s and the fraction of a roofline;
+      `--only_gsm8k` runs it alone).
 Torch is imported only by the PyTorch parts; without it they are skipped.
 """
 
@@ -28,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxloc.bench import gsm8k_generation
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import GenerationRequest, ScoringRequest
 from jaxloc.localize import designs
@@ -266,24 +270,10 @@ def _scoring_workload(engines: dict[str, Engine], requests, keep: np.ndarray, pe
 def _torch_generate_masked(model, tokenizer, prompts: Sequence[str], keep: np.ndarray, max_new_tokens: int
                            ) -> tuple[float, int]:
   """Batched `transformers.generate` of every prompt under every mask (heads zeroed by the `o_proj` pre-hook), one
-  batch of all prompts per mask; (seconds, tokens emitted)."""
-  import torch
-
-  from jaxloc.models.torch_reference import ablated_heads as hooked
-
-  tokenizer.padding_side = "left"
-  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-  enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
-  emitted = 0
-  start = time.perf_counter()
-  for mask in keep:
-    with torch.no_grad(), hooked(model, ablated_heads(mask)):
-      out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():
-      emitted += (row.index(tokenizer.eos_token_id) + 1) if tokenizer.eos_token_id in row else len(row)
-  seconds = time.perf_counter() - start
-  tokenizer.padding_side = "right"
-  return seconds, emitted
+  batch of all prompts per mask, to EOS or the cap; (seconds, tokens emitted)."""
+  requests = [GenerationRequest(p, max_new_tokens=max_new_tokens, add_special_tokens=False) for p in prompts]
+  out = gsm8k_generation.torch_generate(model, tokenizer, requests, keep, [tokenizer.eos_token_id])
+  return out["seconds"], out["tokens"]
 
 
 def generation_workload(engines: dict[str, Engine], torch_model, prompts: Sequence[str], keep: np.ndarray,
@@ -337,8 +327,8 @@ def humaneval_prompts(tokenizer, num_prompts: int) -> tuple[list[str], str]:
 
 
 def run_workloads(engine: Engine, cfg: "ThroughputConfig", torch_model, peak: float) -> dict[str, Any]:
-  """The three workloads of the module docstring, each with `seconds_per_mask` (or `tokens_per_second`),
-  `peak_fraction_real_tokens` and `speedup_vs_previous_engine`."""
+  """The four workloads of the module docstring, each with `seconds_per_mask` (or `tokens_per_second`) and its
+  speed-up over the previous engine (or generator)."""
   c = engine.model_config
   prompts, prompt_format = humaneval_prompts(engine.tokenizer, cfg.workload_generation_prompts)
   engines = {"jaxloc": engine, "previous_engine": previous_engine(engine)}
@@ -358,6 +348,7 @@ def run_workloads(engine: Engine, cfg: "ThroughputConfig", torch_model, peak: fl
                                                 cfg.workload_generation_tokens, peak)
   workloads["generation"]["prompt_format"] = prompt_format
   log.info("generation workload: %s", {k: v for k, v in workloads["generation"].items() if not isinstance(v, dict)})
+  workloads["gsm8k"] = gsm8k_generation.workload(engine, cfg, torch_model, peak)
   return workloads
 
 
@@ -381,7 +372,15 @@ class ThroughputConfig:
   workload_generation_prompts: int = setting(8, "HumanEval prompts of the generation workload (its batch).", lower=1)
   workload_generation_masks: int = setting(16, "Single-head masks of the generation workload.", lower=1)
   workload_generation_tokens: int = setting(32, "New tokens per row in the generation workload.", lower=1)
-  only_workloads: bool = setting(False, "Run only the workloads (default, one-shot greedy, generation).")
+  gsm8k_docs: int = setting(16, "GSM8K questions of the gsm8k workload.", lower=1)
+  gsm8k_masks: int = setting(2, "Random 5-head masks of the gsm8k workload.", lower=1)
+  gsm8k_new_tokens: int = setting(256, "Token cap of the gsm8k workload (the task's is 256).", lower=1)
+  gsm8k_previous_masks: int = setting(0, "Masks the previous generator runs in the gsm8k workload (0: all).", lower=0)
+  gsm8k_torch_masks: int = setting(0, "Masks transformers.generate runs in the gsm8k workload (0: all).", lower=0)
+  data_dir: str = setting("", "A data directory holding gsm8k/test.jsonl for the gsm8k workload's questions; empty: "
+                              "the few questions jaxloc ships, cycled.")
+  only_workloads: bool = setting(False, "Run only the workloads (default, one-shot greedy, generation, gsm8k).")
+  only_gsm8k: bool = setting(False, "Run only the gsm8k workload.")
 
 
 def run(engine: Engine, cfg: ThroughputConfig) -> dict[str, Any]:
@@ -416,6 +415,10 @@ def run(engine: Engine, cfg: ThroughputConfig) -> dict[str, Any]:
     from jaxloc.models.torch_reference import load_hf_model
 
     torch_model = load_hf_model(model)
+  if cfg.only_gsm8k:
+    peak = max(report["matmul_peak_before"].values())
+    report["workloads"] = {"gsm8k": gsm8k_generation.workload(engine, cfg, torch_model, peak)}
+    return report
   report["workloads"] = run_workloads(engine, cfg, torch_model, max(report["matmul_peak_before"].values()))
   if cfg.only_workloads:
     return report
@@ -451,6 +454,10 @@ def run(engine: Engine, cfg: ThroughputConfig) -> dict[str, Any]:
 
 
 def format_workloads(workloads: dict[str, Any]) -> list[str]:
+  gsm8k = gsm8k_generation.format_lines(workloads["gsm8k"]) if "gsm8k" in workloads else []
+  workloads = {name: w for name, w in workloads.items() if name != "gsm8k"}
+  if not workloads:
+    return gsm8k
   lines = [f"{'workload':16s} {'jaxloc':>14s} {'previous engine':>16s} {'speed-up':>9s} {'real-token peak':>16s}"]
   for name, w in workloads.items():
     if name == "generation":
@@ -474,12 +481,14 @@ def format_workloads(workloads: dict[str, Any]) -> list[str]:
                  f"{w['jaxloc']['real_tokens_per_mask']:.0f}, computed (padded) {w['jaxloc']['padded_tokens_per_mask']:.0f}"
                  f" vs previous {w['previous_engine']['padded_tokens_per_mask']:.0f}; max |Δlogprob| vs previous "
                  f"{w['max_abs_logprob_diff_vs_previous_engine']:.1e}")
-  return lines
+  return lines + gsm8k
 
 
 def format_table(report: dict[str, Any]) -> str:
   if "results" not in report:
-    return "\n".join(format_workloads(report["workloads"]))
+    peaks = ", ".join(f"{k}: {v:.0f}" for k, v in report["matmul_peak_before"].items())
+    return "\n".join(format_workloads(report["workloads"]) + [
+        f"model {report['model']} on {report['device']} ({report['platform']}); matmul peak GFLOP/s [{peaks}]"])
   lines = format_workloads(report["workloads"]) + [f"model {report['model']} on {report['device']} ({report['platform']}, {report['num_devices']} "
            f"device(s)); {report['requests']} requests, {report['tokens_in_requests']} tokens, "
            f"{report['ablated_heads_per_mask']} heads ablated per mask",

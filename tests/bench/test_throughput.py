@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import pytest
+
 from jaxloc.bench import throughput
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
@@ -29,3 +31,67 @@ def test_a_base_model_generates_from_plain_humaneval_prompts(tokenizer):
   assert (chat_format, base_format) == ("chat template", "plain completion")
   assert len(base) == 3 and all(p.lstrip().startswith(("def ", "from ", "import ")) for p in base), base
   assert all(b in c for b, c in zip(base, chat))  # the same problems, each inside its chat rendering
+
+
+@pytest.mark.heavy  # ~20 s: three generators compile and run
+def test_the_gsm8k_workload_times_each_generator_on_the_same_texts(tiny_model):
+  """The GSM8K workload on the tiny model: the engine's generator and the previous one emit the same texts, every
+  implementation gets seconds per mask, tokens/s and a roofline fraction, and the table prints."""
+  from jaxloc.bench import gsm8k_generation
+
+  engine = Engine(tiny_model, EngineConfig(memory_budget_gb=0.5, activation_dtype="float32"))
+  docs, source = gsm8k_generation.load_docs(3)
+  requests = gsm8k_generation.gsm8k_requests(docs, 6)
+  assert [r.stop for r in requests] == [gsm8k_generation.gsm8k.STOP] * 3 and requests[0].max_new_tokens == 6
+  keep = throughput.random_masks(tiny_model.config, 2, 5)
+  try:
+    torch_model = gsm8k_generation.torch_model_from_config(tiny_model.config)
+  except ImportError:
+    torch_model = None
+  bandwidth = gsm8k_generation.memory_bandwidth(8 * 2**20, repeats=3)
+  peak = max(throughput.matmul_peak(((256, 256, 256),), repeats=3).values())
+  result = gsm8k_generation.run(engine, requests, keep, peak_gflops=peak, bandwidth_gbs=bandwidth["best"],
+                                torch_model=torch_model, questions=source)
+  names = ("jaxloc", "previous_generator") + (("transformers_generate",) if torch_model is not None else ())
+  for name in names:
+    r = result[name]
+    assert r["masks"] == 2 and 0 < r["tokens"] <= 2 * 3 * 6, (name, r)
+    assert r["seconds_per_mask"] > 0 and r["tokens_per_second"] > 0 and r["roofline_fraction"] > 0
+  assert result["previous_generator"]["texts_equal_jaxloc"] == {"equal": 6, "compared": 6}
+  assert result["previous_generator"]["tokens"] == result["jaxloc"]["tokens"]
+  assert result["speedup_vs_previous_generator"] > 0
+  assert torch_model is None or result["speedup_vs_transformers_generate"] > 0
+  floor = result["roofline"]
+  assert result["shared_prefix_tokens"] > 600 and floor["floor_seconds"] == max(floor["compute_seconds"],
+                                                                               floor["memory_seconds"]) > 0
+  assert 0 < result["rows_per_mask_slot"] <= 3 and result["rows_per_call"] <= 6
+  table = "\n".join(throughput.format_workloads({"gsm8k": result}))
+  assert "previous_generator" in table and "projection, 400 masks x 100 documents" in table
+
+
+def test_gsm8k_questions_come_from_the_data_dir_else_from_what_jaxloc_ships(tmp_path):
+  import json
+
+  from jaxloc.bench import gsm8k_generation
+
+  shipped, source = gsm8k_generation.load_docs(8)
+  pool = gsm8k_generation.shipped_questions()
+  assert [d["question"] for d in shipped] == (pool + pool)[:8] and "ships" in source
+  (tmp_path / "gsm8k").mkdir()
+  rows = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(5)]
+  (tmp_path / "gsm8k" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  docs, source = gsm8k_generation.load_docs(3, str(tmp_path))
+  assert len(docs) == 3 and all(d["question"].startswith("What is") for d in docs) and str(tmp_path) in source
+
+
+def test_transformers_tokens_are_counted_to_the_first_stop_string_or_eos(tokenizer):
+  from jaxloc.bench import gsm8k_generation
+
+  answer = tokenizer(" 3 + 4 = 7\n#### 7\n\n", add_special_tokens=False)["input_ids"]
+  after = tokenizer("Question: how many", add_special_tokens=False)["input_ids"]
+  stops, eos = gsm8k_generation.gsm8k.STOP, {tokenizer.eos_token_id}
+  n = gsm8k_generation._emitted(answer + after, tokenizer, stops, eos)
+  assert "Question:" in tokenizer.decode((answer + after)[:n]) and "Question:" not in tokenizer.decode(
+      (answer + after)[:n - 1])
+  assert gsm8k_generation._emitted(answer + [tokenizer.eos_token_id] + after, tokenizer, stops, eos) == len(answer) + 1
+  assert gsm8k_generation._emitted(answer, tokenizer, stops, eos) == len(answer)

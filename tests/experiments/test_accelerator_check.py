@@ -33,8 +33,9 @@ def test_the_kit_runs_every_step_on_cpu_without_the_optional_dependencies(tmp_pa
                          f"--tokenizer={tokenizer_dir}"], env=env, capture_output=True, text=True, timeout=1800)
   assert done.returncode == 0, done.stderr[-3000:]
   steps = {name: json.loads((out / f"{name}.json").read_text()) for name in
-           ("device", "parity", "throughput", "memory", "rehearsal")}
+           ("device", "parity", "throughput", "memory", "rehearsal", "generation")}
   assert steps["device"]["backend"] == "cpu" and steps["device"]["matmul_peak_gflops"]["bfloat16"] > 0
+  assert steps["parity"]["float32_matmuls"] == "highest"  # what an engine runs float32 at, recorded
   for family in ("llama", "qwen2"):
     parity = steps["parity"][family]
     if "float32" in parity:  # torch present: jaxloc float32 matches transformers
@@ -46,6 +47,12 @@ def test_the_kit_runs_every_step_on_cpu_without_the_optional_dependencies(tmp_pa
   rehearsal = steps["rehearsal"]["float32"]
   assert rehearsal["engine"]["compilations"] <= 10 and rehearsal["peak_host_gib"] > 0
   assert rehearsal["planner"]["scoring_shapes"]
+  generation = steps["generation"]
+  assert min(generation["seconds_per_mask"], generation["tokens_per_second"], generation["roofline_fraction"]) > 0
+  assert "400 masks x 100 documents" in generation["projection"]
+  previous = generation["previous_generator"]
+  assert previous["seconds_per_mask"] > 0 and previous["texts_equal_jaxloc"]["equal"] == previous["texts_equal_jaxloc"][
+      "compared"] == 4 * 2
 
 
 def test_unknown_steps_are_a_user_error(tmp_path):

@@ -1,0 +1,348 @@
+"""The GSM8K generation workload: the real 5-shot prompts of `jaxloc.tasks.gsm8k` under random head masks, greedy to
+the task's stop strings or the token cap, timed with the engine's generator, the previous generator
+(`jaxloc.bench.previous_generation`, on the same engine and budgets) and batched `transformers.generate`, against a
+roofline of the work itself.
+
+Questions: the test split from `--data_dir` (`<data_dir>/gsm8k/test.jsonl`) when one is given, else the questions
+jaxloc ships (the five few-shot training questions and the dataset spec's example), cycled to the count. Every
+prompt is `GSM8KTask().requests(docs)`'s (the shared 5-shot prefix, then the question), with its stop strings and a
+cap of `MAX_NEW_TOKENS` (256) unless told otherwise.
+
+Roofline (`roofline`), per mask, from the model's shapes and the tokens the engine emitted. D documents, M masks,
+P shared-prefix tokens, s_r row r's own suffix, n the mean tokens a row emitted, m = n - 1 the decode steps a row
+takes (its first token comes from its prefill), a decode call holding `rows_per_call` rows (`rows_per_slot` of them
+one mask's), W the weight bytes a step reads (every parameter but an untied embedding), kv the key/value bytes of one
+token over all layers:
+  FLOPs: `flops_per_token(with_lm_head=False)` at every prefix token (once per mask), suffix token and fed-back new
+    token (D·m), the LM head at every emitted token (D·n), and attention (4·L·H·Dh per query-key pair: the prefix
+    causally, each suffix over the prefix and itself, each fed token over everything before it);
+  bytes: the weights once per decode step of a full call (D·m / rows_per_call steps per mask: the call's rows share
+    them), the mask's prefix keys/values once per step its rows decode (shared by them: D·m / rows_per_slot) plus
+    once written, and every row's own cache (suffix and tokens so far) at each of its m steps.
+The floor is max(FLOPs / matmul peak, bytes / memory bandwidth), both measured in the same run (`memory_bandwidth`);
+the reported fraction is floor / measured, every implementation held to the floor of the same work. Using the mean
+row length makes the cache and attention terms lower bounds (their quadratic parts grow with the spread), and the
+weights read by prefill calls are left out: it stays a floor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxloc.bench.previous_generation import PreviousGenerator
+from jaxloc.engine import stops as stop_strings
+from jaxloc.engine.engine import Engine
+from jaxloc.engine.generator import shared_prefix_length
+from jaxloc.engine.requests import GenerationRequest
+from jaxloc.models import checkpoints
+from jaxloc.models.config import ModelConfig
+from jaxloc.tasks import gsm8k
+
+log = logging.getLogger(__name__)
+
+PROJECTED_MASKS, PROJECTED_DOCS = 400, 100  # the paper-scale GSM8K localization the projection is for
+
+
+def shipped_questions() -> list[str]:
+  """The GSM8K questions jaxloc ships: the five few-shot training questions and the dataset spec's example."""
+  return [q for q, _ in gsm8k.FEW_SHOT] + [gsm8k.SPEC.example["question"]]
+
+
+def load_docs(num_docs: int, data_dir: str | None = None) -> tuple[list[dict[str, Any]], str]:
+  """(docs, where their questions came from): `data_dir`'s GSM8K test split when given (UserError when absent),
+  else `shipped_questions()` cycled to `num_docs`."""
+  if data_dir:
+    docs = gsm8k.GSM8KTask().load_docs(num_samples=num_docs, data_dir=data_dir)
+    return docs, f"gsm8k test split from {data_dir} ({len(docs)} questions)"
+  pool = shipped_questions()
+  docs = [{"id": f"shipped-{i}", "question": pool[i % len(pool)], "answer": ""} for i in range(num_docs)]
+  return docs, (f"the {len(pool)} questions jaxloc ships (gsm8k.FEW_SHOT's and SPEC's example), cycled to "
+                f"{num_docs}")
+
+
+def gsm8k_requests(docs: Sequence[dict[str, Any]], max_new_tokens: int = gsm8k.MAX_NEW_TOKENS
+                   ) -> list[GenerationRequest]:
+  """The task's own requests (5-shot prefix + question, its stop strings), capped at `max_new_tokens`."""
+  return [dataclasses.replace(r, max_new_tokens=max_new_tokens) for r in gsm8k.GSM8KTask().requests(docs)]
+
+
+def memory_bandwidth(nbytes: int | None = None, repeats: int = 7) -> dict[str, float]:
+  """Median GB/s of jitted reads of a float32 array of `nbytes` (default 256 MiB on a CPU, 2 GiB elsewhere): a sum,
+  and a matrix-vector product (a decode step's access pattern); `best` is the larger."""
+  nbytes = nbytes or (256 if jax.default_backend() == "cpu" else 2048) * 2**20
+  rows = 4096
+  x = jnp.ones((rows, nbytes // 4 // rows), jnp.float32)
+  v = jnp.ones((x.shape[1],), jnp.float32)
+  result = {}
+  for name, f in (("sum", jax.jit(jnp.sum)), ("matvec", jax.jit(lambda a: a @ v))):
+    f(x).block_until_ready()
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      f(x).block_until_ready()
+      times.append(time.perf_counter() - start)
+    result[name] = x.nbytes / float(np.median(times)) / 1e9
+  result["best"] = max(result.values())
+  return result
+
+
+def weight_bytes(config: ModelConfig, params) -> int:
+  """Bytes a decode step reads of the parameters: all of them but an untied embedding (only its rows are read)."""
+  flat = checkpoints.flatten(params)
+  total = sum(int(x.nbytes) for x in flat.values())
+  return total - (0 if config.tie_word_embeddings else int(flat["embed/embedding"].nbytes))
+
+
+def roofline(config: ModelConfig, *, masks: int, suffixes: Sequence[int], prefix: int, emitted: int,
+             rows_per_call: int, rows_per_slot: int, weights: int, kv_dtype_bytes: int, peak_gflops: float,
+             bandwidth_gbs: float) -> dict[str, float]:
+  """FLOPs, bytes and floor seconds per mask of `masks` masks over prompts of `prefix` shared and `suffixes` own
+  tokens emitting `emitted` tokens in all (the module docstring's model)."""
+  c = config
+  docs = len(suffixes)
+  own = float(np.sum(suffixes))
+  # A row's first new token comes from its suffix's prefill; each later one is a decode step feeding the token
+  # before it: m = n - 1 steps per row, the one at step t attending to (and reading) prefix + suffix + t positions.
+  fed = max(emitted / masks / docs - 1, 0.0)
+  pair = 4 * c.num_layers * c.num_heads * c.head_dim  # q·k and p·v of one query-key pair, every layer
+  kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * kv_dtype_bytes
+  attention = pair * (prefix * (prefix + 1) / 2 + sum(s * (prefix + (s + 1) / 2) for s in suffixes)
+                      + docs * fed * (prefix + (fed + 1) / 2) + fed * own)
+  flops = (c.flops_per_token(with_lm_head=False) * (prefix + own + docs * fed)
+           + 2 * c.hidden_size * c.vocab_size * emitted / masks + attention)
+  steps = docs * fed / rows_per_call  # this mask's share of a full call's decode steps
+  cache = kv * (fed * own + docs * fed * (fed + 1) / 2)
+  prefix_bytes = kv * prefix * (docs * fed / rows_per_slot + 1)
+  total_bytes = steps * weights + prefix_bytes + cache
+  compute_s, memory_s = flops / peak_gflops / 1e9, total_bytes / bandwidth_gbs / 1e9
+  return {"flops": flops, "attention_flops": attention, "bytes": total_bytes, "weight_bytes": steps * weights,
+          "prefix_kv_bytes": prefix_bytes, "row_cache_bytes": cache, "decode_steps": steps,
+          "compute_seconds": compute_s, "memory_seconds": memory_s, "floor_seconds": max(compute_s, memory_s),
+          "bound": "compute" if compute_s >= memory_s else "memory"}
+
+
+def torch_model_from_config(config: ModelConfig, dtype: str | None = None):
+  """transformers' PyTorch model of `config` with its own random initialization (random presets have no PyTorch
+  twin: the same shapes and work, not the same weights), on the GPU when torch sees one (bfloat16 there, float32 on a
+  CPU unless `dtype` says)."""
+  import torch
+  from transformers import AutoConfig, AutoModelForCausalLM
+
+  from jaxloc.models.config import config_to_hf
+
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  torch_dtype = getattr(torch, dtype or ("bfloat16" if device == "cuda" else "float32"))
+  torch.manual_seed(0)
+  with torch.device(device):
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config_to_hf(config)), dtype=torch_dtype)
+  return model.eval()
+
+
+def _emitted(ids: list[int], tokenizer, stops: Sequence[str], eos_ids: set[int]) -> int:
+  """Tokens a row emitted, as the engine counts them: up to and including the EOS or the token that completes the
+  first stop string (the shortest prefix whose text holds one; a binary search, holding is monotone)."""
+  n = next((i + 1 for i, t in enumerate(ids) if t in eos_ids), len(ids))
+
+  def holds(k: int) -> bool:
+    text = tokenizer.decode(ids[:k], skip_special_tokens=True)
+    return any(s in text for s in stops)
+
+  if stops and holds(n):
+    low, high = 1, n
+    while low < high:
+      mid = (low + high) // 2
+      low, high = (low, mid) if holds(mid) else (mid + 1, high)
+    n = low
+  return n
+
+
+def torch_generate(model, tokenizer, requests: Sequence[GenerationRequest], keep: np.ndarray,
+                   eos_ids: Sequence[int]) -> dict[str, Any]:
+  """Batched `transformers.generate` of every request under every mask (heads zeroed by the `o_proj` pre-hook), one
+  left-padded batch of all requests per mask, greedy with `stop_strings` (a batch ends when every row has stopped),
+  after an untimed warm-up; each row's tokens counted up to its first EOS or stop string (`_emitted`). Requests share
+  stops and a cap."""
+  import torch
+
+  from jaxloc.bench.throughput import ablated_heads
+  from jaxloc.models.torch_reference import ablated_heads as hooked
+
+  stops, cap = tuple(requests[0].stop), requests[0].max_new_tokens
+  side = tokenizer.padding_side
+  tokenizer.padding_side = "left"
+  try:
+    enc = tokenizer([r.context for r in requests], return_tensors="pt", padding=True,
+                    add_special_tokens=requests[0].add_special_tokens).to(model.device)
+  finally:
+    tokenizer.padding_side = side
+  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+  options = dict(do_sample=False, pad_token_id=pad, eos_token_id=list(eos_ids), stop_strings=list(stops) or None,
+                 tokenizer=tokenizer)
+  with torch.no_grad():  # warm-up (transformers caches its stop-string tables over the vocabulary, torch its kernels)
+    model.generate(**{k: v[:1] for k, v in enc.items()}, max_new_tokens=2, **options)
+  texts, emitted, seconds = [], 0, 0.0
+  for mask in keep:
+    start = time.perf_counter()
+    with torch.no_grad(), hooked(model, ablated_heads(mask)):
+      out = model.generate(**enc, max_new_tokens=cap, **options)
+    seconds += time.perf_counter() - start  # the counting below is not transformers' work
+    rows = []
+    for ids in out[:, enc["input_ids"].shape[1]:].tolist():
+      n = _emitted(ids, tokenizer, stops, set(eos_ids))
+      emitted += n
+      rows.append(stop_strings.truncate_at_stop(tokenizer.decode(ids[:n], skip_special_tokens=True), stops))
+    texts.append(rows)
+  return {"masks": len(keep), "seconds": seconds, "tokens": emitted, "texts": texts,
+          "counting": "transformers.generate with stop_strings; tokens up to the first EOS or stop string"}
+
+
+def _time_engine(generate, engine: Engine, requests, keep: np.ndarray) -> dict[str, Any]:
+  """A warm-up call on the very inputs (every compile and one full run), then the timed call."""
+  start = time.perf_counter()
+  generate(requests, keep)
+  first = time.perf_counter() - start
+  tokens = engine.stats.tokens
+  start = time.perf_counter()
+  texts = generate(requests, keep)
+  seconds = time.perf_counter() - start
+  return {"masks": len(keep), "seconds": seconds, "compile_and_first_seconds": first,
+          "tokens": engine.stats.tokens - tokens, "texts": texts}
+
+
+def _figures(run: dict[str, Any], docs: int, floor: float) -> dict[str, Any]:
+  per_mask = run["seconds"] / run["masks"]
+  out = {k: v for k, v in run.items() if k != "texts"}
+  out.update({"seconds_per_mask": per_mask, "tokens_per_second": run["tokens"] / run["seconds"],
+              "tokens_per_mask": run["tokens"] / run["masks"], "roofline_fraction": floor / per_mask,
+              "projected_minutes": PROJECTED_MASKS * per_mask * PROJECTED_DOCS / docs / 60})
+  return out
+
+
+def _equal(texts: Sequence[Sequence[str]], reference: Sequence[Sequence[str]]) -> dict[str, int]:
+  pairs = [(a, b) for row, ref in zip(texts, reference) for a, b in zip(row, ref)]
+  return {"equal": sum(a == b for a, b in pairs), "compared": len(pairs)}
+
+
+def _rows_per_call(engine: Engine, known: set, masks: int, docs: int, prefix: int, suffixes: Sequence[int],
+                   max_new: int) -> tuple[int, int, str]:
+  """(rows per decode call, rows per mask slot, where from): the layout the generator settled on for this job (the
+  one its `_layouts` gained), else the planner's first guess for the same shapes."""
+  from jaxloc.engine import batching
+
+  new = [layout for key, layout in engine.generator._layouts.items() if key not in known]
+  if new:
+    layout, source = new[-1], "the generator's layout"
+  else:
+    layout = engine.shared.planner.generation_slots(
+        masks=masks, docs=docs, prefix=batching.bucket(prefix) if prefix else 0,
+        suffix=batching.bucket_coarse(max(suffixes)), new=batching.bucket_pow2(max_new))
+    source = "the planner's estimate (the layout was cached before this run)"
+  per_slot = min(layout.rows, docs)
+  return min(layout.slots, masks) * per_slot, per_slot, source
+
+
+def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray, *, peak_gflops: float,
+        bandwidth_gbs: float, previous_masks: int = 0, torch_model=None, torch_masks: int = 0,
+        torch_result: dict[str, Any] | None = None, questions: str = "") -> dict[str, Any]:
+  """The workload: `requests` (one stop set and cap) under every keep-mask of `keep` [M, L, H] with the engine's
+  generator, the previous generator on the first `previous_masks` masks (0: all) and `transformers.generate` on the
+  first `torch_masks` (0: all) with `torch_model`, or `torch_result` (`torch_generate`'s, run by the caller
+  beforehand: the kit runs it before JAX holds the GPU; `"same_weights": False` in it when the PyTorch model's weights
+  are not the engine's, whose texts are then not compared); `questions` says where the questions came from. Returns
+  JSON-able figures (texts dropped)."""
+  c, tok = engine.model_config, engine.tokenizer
+  docs, masks = len(requests), len(keep)
+  ids = tok([r.context for r in requests], add_special_tokens=requests[0].add_special_tokens)["input_ids"]
+  prefix = shared_prefix_length(ids) if engine.config.share_prefix else 0
+  suffixes = [len(i) - prefix for i in ids]
+  known = set(engine.generator._layouts)
+  runs = {"jaxloc": _time_engine(engine.generate, engine, requests, keep)}
+  rows_per_call, rows_per_slot, layout_source = _rows_per_call(engine, known, masks, docs, prefix, suffixes,
+                                                               requests[0].max_new_tokens)
+  previous = keep[:previous_masks or masks]
+  runs["previous_generator"] = _time_engine(PreviousGenerator(engine.shared).generate, engine, requests, previous)
+  if torch_result is None and torch_model is not None:
+    eos = sorted({*c.eos_token_ids, *([tok.eos_token_id] if tok.eos_token_id is not None else [])})
+    torch_result = torch_generate(torch_model, tok, requests, keep[:torch_masks or masks], eos)
+  if torch_result is not None:
+    runs["transformers_generate"] = torch_result
+  floor = roofline(c, masks=masks, suffixes=suffixes, prefix=prefix, emitted=runs["jaxloc"]["tokens"],
+                   rows_per_call=rows_per_call, rows_per_slot=rows_per_slot,
+                   weights=weight_bytes(c, engine.params), kv_dtype_bytes=jnp.dtype(engine.dtype).itemsize,
+                   peak_gflops=peak_gflops, bandwidth_gbs=bandwidth_gbs)
+  result: dict[str, Any] = {
+      "documents": docs, "questions": questions, "masks": masks, "ablated_heads_per_mask": int((keep[0] == 0).sum()),
+      "max_new_tokens": requests[0].max_new_tokens, "stop": list(requests[0].stop), "shared_prefix_tokens": prefix,
+      "suffix_tokens_mean": float(np.mean(suffixes)), "rows_per_call": rows_per_call,
+      "rows_per_mask_slot": rows_per_slot, "layout_source": layout_source, "matmul_peak_gflops": peak_gflops,
+      "memory_bandwidth_gbs": bandwidth_gbs, "roofline": floor}
+  for name, figures in runs.items():
+    result[name] = _figures(figures, docs, floor["floor_seconds"])
+  now = result["jaxloc"]
+  result["previous_generator"]["texts_equal_jaxloc"] = _equal(runs["previous_generator"]["texts"],
+                                                              runs["jaxloc"]["texts"])
+  result["speedup_vs_previous_generator"] = result["previous_generator"]["seconds_per_mask"] / now["seconds_per_mask"]
+  if "transformers_generate" in result:
+    if runs["transformers_generate"].get("same_weights", True):  # else its texts say nothing about jaxloc's
+      result["transformers_generate"]["texts_equal_jaxloc"] = _equal(runs["transformers_generate"]["texts"],
+                                                                     runs["jaxloc"]["texts"])
+    result["speedup_vs_transformers_generate"] = (result["transformers_generate"]["seconds_per_mask"]
+                                                  / now["seconds_per_mask"])
+  return result
+
+
+def workload(engine: Engine, cfg, torch_model, peak_gflops: float) -> dict[str, Any]:
+  """`run` as `experiments.benchmark_throughput` configures it (`ThroughputConfig`'s `gsm8k_*` and `data_dir`):
+  random 5-head masks, the memory bandwidth measured here."""
+  from jaxloc.bench.throughput import random_masks
+
+  docs, source = load_docs(cfg.gsm8k_docs, cfg.data_dir or None)
+  keep = random_masks(engine.model_config, cfg.gsm8k_masks, min(5, engine.model_config.num_head_total))
+  bandwidth = memory_bandwidth()
+  result = run(engine, gsm8k_requests(docs, cfg.gsm8k_new_tokens), keep, peak_gflops=peak_gflops,
+               bandwidth_gbs=bandwidth["best"], previous_masks=cfg.gsm8k_previous_masks, torch_model=torch_model,
+               torch_masks=cfg.gsm8k_torch_masks, questions=source)
+  result["memory_bandwidth"] = bandwidth
+  log.info("gsm8k workload: %s", {k: v for k, v in result.items() if not isinstance(v, dict)})
+  return result
+
+
+def format_lines(w: dict[str, Any]) -> list[str]:
+  """The workload as a table: one line per implementation, then the shapes and the roofline."""
+  lines = [f"gsm8k: {w['documents']} questions x {w['masks']} masks of {w['ablated_heads_per_mask']} random heads, "
+           f"greedy to {'/'.join(w['stop'])} or {w['max_new_tokens']} tokens; questions: {w['questions']}",
+           f"{'':22s} {'masks':>5s} {'s/mask':>9s} {'tokens':>7s} {'tok/s':>8s} {'roofline':>9s} "
+           f"{'jaxloc speed-up':>15s} {'texts = jaxloc':>14s} {'compile+first':>13s}"]
+  for name in ("jaxloc", "previous_generator", "transformers_generate"):
+    if name not in w:
+      continue
+    r = w[name]
+    speedup = {"jaxloc": 1.0, "previous_generator": w["speedup_vs_previous_generator"],
+               "transformers_generate": w.get("speedup_vs_transformers_generate")}[name]
+    equal = r.get("texts_equal_jaxloc")
+    equal = f"{equal['equal']}/{equal['compared']}" if equal else "-"
+    first = f"{r['compile_and_first_seconds']:.1f}s" if "compile_and_first_seconds" in r else "-"
+    lines.append(f"{name:22s} {r['masks']:5d} {r['seconds_per_mask']:9.2f} {r['tokens']:7d} "
+                 f"{r['tokens_per_second']:8.1f} {100 * r['roofline_fraction']:8.1f}% {speedup:14.2f}x "
+                 f"{equal:>14s} {first:>13s}")
+  f = w["roofline"]
+  lines.append(f"roofline per mask: {f['flops'] / 1e9:.0f} GFLOP at {w['matmul_peak_gflops']:.0f} GFLOP/s = "
+               f"{f['compute_seconds']:.2f}s, {f['bytes'] / 1e9:.2f} GB (weights {f['weight_bytes'] / 1e9:.2f}, "
+               f"prefix K/V {f['prefix_kv_bytes'] / 1e9:.2f}, row caches {f['row_cache_bytes'] / 1e9:.2f}) at "
+               f"{w['memory_bandwidth_gbs']:.1f} GB/s = {f['memory_seconds']:.2f}s: floor {f['floor_seconds']:.2f}s "
+               f"({f['bound']}-bound); {w['shared_prefix_tokens']}-token shared prefix, suffixes "
+               f"{w['suffix_tokens_mean']:.0f} tokens on average, {w['rows_per_call']} rows per decode call "
+               f"({w['rows_per_mask_slot']} per mask slot)")
+  lines.append(f"projection, {PROJECTED_MASKS} masks x {PROJECTED_DOCS} documents: jaxloc "
+               f"{w['jaxloc']['projected_minutes']:.0f} min, previous generator "
+               f"{w['previous_generator']['projected_minutes']:.0f} min"
+               + (f", transformers.generate {w['transformers_generate']['projected_minutes']:.0f} min"
+                  if "transformers_generate" in w else ""))
+  return lines
