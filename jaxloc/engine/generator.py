@@ -201,7 +201,7 @@ class Generator:
     prefix_len = shared_prefix_length([prompt_ids[i] for i in docs]) if shared.config.share_prefix else 0
     prefix_width = batching.bucket(prefix_len) if prefix_len else 0
     suffixes = {i: list(prompt_ids[i][prefix_len:]) for i in docs}
-    suffix_width = batching.bucket_coarse(max(len(s) for s in suffixes.values()))
+    suffix_width = batching.bucket(max(len(s) for s in suffixes.values()))  # every row prefills this wide
     new = batching.bucket_pow2(max_new)
     kinds = (masks.heads is not None, masks.neurons is not None, fill.heads is not None, fill.neurons is not None)
     key = (batching.bucket_pow2(len(masks)), batching.bucket_pow2(len(docs)), prefix_width, suffix_width, new, kinds)
@@ -216,7 +216,8 @@ class Generator:
     prefix_tokens = place.put(prefix_tokens)
     starts = (start_layers(c, masks) if shared.planner.residual_cache else np.zeros(len(masks), np.int64))
     unablated = None
-    if prefix_len and len(masks) > 1 and starts.max() > 0:
+    # The unablated prefix costs one prefill of every layer and saves each mask the layers below its start.
+    if prefix_len and starts.sum() > c.num_layers:
       if shared.planner.fits_residual_cache(shared.planner.prompt_stream_bytes(1, prefix_width)):
         unablated = self._prefix_fn(place.params, prefix_tokens)
         shared.stats.calls += 1
