@@ -242,7 +242,7 @@ def _rows_per_call(engine: Engine, known: set, masks: int, docs: int, prefix: in
   else:
     layout = engine.shared.planner.generation_slots(
         masks=masks, docs=docs, prefix=batching.bucket(prefix) if prefix else 0,
-        suffix=batching.bucket_coarse(max(suffixes)), new=batching.bucket_pow2(max_new))
+        suffix=batching.bucket(max(suffixes)), new=batching.bucket_pow2(max_new))
     source = "the planner's estimate (the layout was cached before this run)"
   per_slot = min(layout.rows, docs)
   return min(layout.slots, masks) * per_slot, per_slot, source

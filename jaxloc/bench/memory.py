@@ -1,4 +1,4 @@
-"""The batch planner's memory estimate against XLA's own accounting of the compiled scoring step.
+"""The memory planner's estimates against XLA's own accounting of the compiled scoring step and generation job.
 
 For a model config and a task shape, `plan` picks masks and requests per call as the engine does
 (`planner.Planner.scoring`), and `xla_bytes` compiles the engine's two jitted scoring functions at exactly that
@@ -10,6 +10,12 @@ shape with abstract parameters (nothing is allocated, so an 8B model compiles on
 
 and the step's peak is the larger of the two (the keys/values are alive in both). The planner must never be under
 that peak and should be within 25% over it.
+
+Generation likewise (`generation_plan`, `compare_generation`): the generator's layout of a job in mask slots and row
+slots (`Planner.generation_slots`) against the peak of its calls (prefill of the prefix, loading masks, inserting
+rows, decoding), each compiled as the generator jits it with its state (`generation.slot_shapes`) donated: a call's
+bytes beyond the parameters are its temporaries, outputs and arguments with an output that reuses the donated state
+counted once, plus what the job keeps alive that the call does not take (`generation_xla_bytes`).
 
 On the CPU backend each call is compiled twice, and the larger of the two counts (`CPU_GRAPHS`): as the engine
 runs it there, and without XLA:CPU's YNNPACK library fusions. Those fusions decide what a CPU keeps: where a layer
@@ -43,13 +49,16 @@ CPU_GRAPHS = ({}, {"xla_cpu_experimental_ynn_fusion_type": ""})
 
 def compiled_bytes(lowered, params: int | None = None) -> int:
   """XLA's activation bytes of a lowered call: its temporaries and outputs, plus, given the bytes of its `params`,
-  its other arguments. The larger over `CPU_GRAPHS` on the CPU backend, else as compiled."""
+  its other arguments, an output that reuses a donated argument's buffer counted once (XLA's `alias` bytes: the
+  generation calls donate their state, `generator.xla_bytes`). The larger over `CPU_GRAPHS` on the CPU backend,
+  else as compiled."""
   graphs = CPU_GRAPHS if jax.default_backend() == "cpu" else ({},)
   sizes = []
   for options in graphs:
     analysis = lowered.compile(compiler_options=options or None).memory_analysis()
     size = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
-    sizes.append(size if params is None else size + int(analysis.argument_size_in_bytes) - params)
+    arguments = int(analysis.argument_size_in_bytes) - int(analysis.alias_size_in_bytes)
+    sizes.append(size if params is None else size + arguments - params)
   return max(sizes)
 
 
@@ -158,3 +167,121 @@ def compare(config: ModelConfig, shape: TaskShape, dtype, masks: int, requests: 
   return {"task": shape.name, "masks": masks, "requests": requests, "estimate_bytes": estimate,
           "xla_bytes": measured["peak"], "xla_prefix_bytes": measured["prefix"],
           "xla_scoring_bytes": measured["scoring"], "ratio": estimate / measured["peak"]}
+
+
+# --- generation ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationShape:
+  """A generation job as the generator sees it: `masks` x `docs` rows whose prompts share a `prefix` of tokens, each
+  a `suffix` after it, emitting at most `new` tokens; `stop_states` states of the stop-string automaton. `widths`:
+  the bucketed prefix, suffix and new-token widths the generator compiles (`generator._generate_grid`)."""
+
+  name: str
+  masks: int
+  docs: int
+  prefix: int
+  suffix: int
+  new: int
+  stop_states: int = 16
+
+  @property
+  def widths(self) -> tuple[int, int, int]:
+    return batching.bucket(self.prefix), batching.bucket_coarse(self.suffix), batching.bucket_pow2(self.new)
+
+
+# The paper's math localization: 5-shot GSM8K prompts (a ~700-token shared prefix, questions of ~100 tokens after
+# it), greedy answers of up to 256 tokens, 100 documents under each of 400 masks.
+GSM8K_GENERATION = GenerationShape("GSM8K-like 5-shot", masks=400, docs=100, prefix=700, suffix=120, new=256)
+
+
+def generation_plan(config: ModelConfig, shape: GenerationShape, dtype, memory_budget: int,
+                    platform: str = "gpu") -> planner.GenerationSlots:
+  """The generator's layout for `shape` with `memory_budget` bytes on `platform` (whose row cap applies)."""
+  prefix, suffix, new = shape.widths
+  plans = planner.Planner(config, memory_budget, 65536, jnp.dtype(dtype).itemsize)
+  return plans.generation_slots(masks=shape.masks, docs=shape.docs, prefix=prefix, suffix=suffix, new=new,
+                                stop_states=shape.stop_states, platform=platform)
+
+
+def generation_spans(cache: int) -> tuple[int, ...]:
+  """The spans a decode call of a `cache`-wide job is compiled at that matter for memory: the whole cache, and the
+  largest span below it, where the chunk holds the most of the cache as a second buffer (`generation.decode`)."""
+  from jaxloc.engine.generator import CHUNK_STEPS
+
+  below = [s for s in {min(cache, batching.bucket_coarse(n)) for n in range(1 + CHUNK_STEPS, cache + CHUNK_STEPS)}
+           if s < cache]
+  return (cache, max(below)) if below else (cache,)
+
+
+def _nbytes(tree) -> int:
+  return sum(int(np.prod(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(tree))
+
+
+def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, suffix: int, new: int,
+                         stop_states: int = 16) -> dict[str, int]:
+  """XLA's bytes beyond the parameters of a generation job's calls at this layout, each compiled as the generator
+  jits it (the state donated). A call's bytes are its temporaries, outputs and non-parameter arguments
+  (`compiled_bytes`), plus what the job keeps alive that the call does not take: the state (`generation.Slots`),
+  the unablated prefix (`generation.unablated_prefix`, kept while masks load) and the stop-string tables.
+
+    prefix       the unablated prefill of the prefix (the state is alive)
+    load         `load_masks` of a mask into every slot at once, resuming from the unablated prefix
+    insert       `insert_rows` filling every row slot
+    decode_<s>   `decode` of `CHUNK_STEPS` steps reading `s` cache entries (`generation_spans`)
+
+  peak: the largest; state: the state's own bytes."""
+  from jaxloc.engine import generation
+  from jaxloc.engine.generator import CHUNK_STEPS
+
+  c, sds, i32 = config, jax.ShapeDtypeStruct, jnp.int32
+  module = Transformer(c, param_dtype=dtype)
+  params, params_size = _params(c, dtype), param_bytes(c, dtype)
+  cache = suffix + new
+  state = generation.slot_shapes(c, dtype, slots=slots, rows=rows, prefix=prefix, cache=cache, new=new)
+  tables = (sds((2,), i32), sds((c.vocab_size, stop_states), i32), sds((c.vocab_size, stop_states), jnp.bool_))
+  unablated = (sds((c.num_layers, prefix, c.hidden_size), dtype),
+               sds((c.num_layers, prefix, c.num_kv_heads, c.head_dim), dtype),
+               sds((c.num_layers, prefix, c.num_kv_heads, c.head_dim), dtype))
+  held = {"state": _nbytes(state), "unablated": _nbytes(unablated), "tables": _nbytes(tables)}
+
+  def call(fn, *args, alive=(), **static):
+    return compiled_bytes(fn.lower(params, *args, **static), params_size) + sum(held[k] for k in alive)
+
+  result = {}
+  jit = functools.partial(jax.jit, keep_unused=True)  # every parameter an argument, as `params_size` counts them
+  prefix_fn = jit(functools.partial(generation.unablated_prefix, module, dtype=dtype))
+  result["prefix"] = call(prefix_fn, sds((prefix,), i32), alive=("state", "tables"))
+  load_fn = jit(functools.partial(generation.load_masks, module, dtype=dtype), donate_argnums=(1,))
+  masks = Ablation(head_mask=sds((slots, c.num_layers, c.num_heads), dtype))
+  result["load"] = call(load_fn, state, sds((slots,), i32), masks, sds((prefix,), i32), (sds((), i32), *unablated),
+                        alive=("tables",))
+  insert_fn = jit(functools.partial(generation.insert_rows, module, c, dtype=dtype), static_argnames=("pad_id",),
+                      donate_argnums=(1,))
+  result["insert"] = call(insert_fn, state, sds((slots, rows), i32), sds((slots, rows, suffix), i32),
+                          sds((slots, rows), i32), alive=("unablated", "tables"), pad_id=0)
+  decode_fn = jit(functools.partial(generation.decode, module, c, dtype=dtype), static_argnames=("steps", "span"),
+                  donate_argnums=(1,))
+  for span in generation_spans(cache):
+    result[f"decode_{span}"] = call(decode_fn, state, *tables, sds((), i32), alive=("unablated",), steps=CHUNK_STEPS,
+                                    span=span)
+  result["peak"] = max(result.values())
+  result["state"] = held["state"]
+  return result
+
+
+def compare_generation(config: ModelConfig, shape: GenerationShape, dtype, slots: int, rows: int) -> dict[str, Any]:
+  """The planner's estimate (`Planner.generation_bytes`, term by term) and XLA's bytes of a generation job's calls at
+  one layout, in `dtype`; ratio = estimate / XLA's peak over the calls."""
+  prefix, suffix, new = shape.widths
+  plans = planner.Planner(config, GIB, 65536, jnp.dtype(dtype).itemsize)
+  estimate = plans.generation_bytes(slots, rows, prefix, suffix, new, shape.stop_states)
+  terms = plans.generation_terms(slots, rows, prefix, suffix, new, shape.stop_states)
+  measured = generation_xla_bytes(config, dtype, slots, rows, prefix, suffix, new, shape.stop_states)
+  return {"task": shape.name, "slots": slots, "rows": rows, "prefix": prefix, "suffix": suffix, "new": new,
+          "estimate_bytes": estimate, "estimate_terms": terms, "xla_bytes": measured["peak"],
+          "xla_calls": {k: v for k, v in measured.items() if k not in ("peak", "state")},
+          "state_bytes": measured["state"], "peak_call": max((v, k) for k, v in measured.items()
+                                                            if k not in ("peak", "state"))[1],
+          "ratio": estimate / measured["peak"]}

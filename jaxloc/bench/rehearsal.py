@@ -75,9 +75,6 @@ def rehearse(model: LoadedModel, engine_config: EngineConfig | None = None, outp
       "output_dir": directory}
 
 
-# The GSM8K-shaped generation workload of the paper's math localization: a 5-shot prompt, greedy answers.
-GSM8K_PROMPT_TOKENS = 800
-GSM8K_NEW_TOKENS = 256
 GPU_BYTES = int(0.75 * 80e9)  # an 80 GB GPU's bytes_limit under XLA's default 75% preallocation
 GPU_TOKENS_PER_BATCH = 65536
 
@@ -89,8 +86,8 @@ def _costs(compiled) -> dict[str, float]:
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return {"argument_bytes": int(memory.argument_size_in_bytes), "output_bytes": int(memory.output_size_in_bytes),
-          "temp_bytes": int(memory.temp_size_in_bytes), "flops": float(cost.get("flops", 0.0)),
-          "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+          "temp_bytes": int(memory.temp_size_in_bytes), "alias_bytes": int(memory.alias_size_in_bytes),
+          "flops": float(cost.get("flops", 0.0)), "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
 
 
 def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_dtype=jnp.float32) -> dict[str, Any]:
@@ -99,16 +96,18 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   and cost analysis beside the planner's estimate at the compiled dtype. (XLA's CPU backend upcasts bfloat16
   matmuls and copies the weights, so on a CPU the comparison is made in float32, as `benchmark_memory` does; on
   an accelerator pass compile_dtype=dtype.) Scoring: the 8-shot GSM8K-like long shape (`memory.LONG_SHAPES`).
-  Generation: a GSM8K-shaped batch (`GSM8K_PROMPT_TOKENS` prompt, `GSM8K_NEW_TOKENS` new tokens). XLA's cost
-  analysis counts a loop's body once: the layers are a scan and decoding a while loop, so its generation flops are
-  one layer's prefill plus one layer of one decode step."""
+  Generation: the GSM8K-like job (`memory.GSM8K_GENERATION`) in the generator's mask slots and row slots
+  (`Planner.generation_slots`), XLA's peak over the job's calls (`memory.generation_xla_bytes`), the decode call of
+  one chunk as compiled (memory and cost analysis: XLA counts a loop's body once, and the layers are a scan inside
+  the decode loop, so its flops and bytes are one layer of one step plus the rest of a step), and one decode step's
+  bytes against the floor (`decode_cost.step_cost`, every loop multiplied out)."""
   import functools
 
   import jax
 
-  from jaxloc.bench import memory
+  from jaxloc.bench import decode_cost, memory
   from jaxloc.engine import batching, generation, planner
-  from jaxloc.models.decoder import Ablation
+  from jaxloc.engine.generator import CHUNK_STEPS
 
   sds = jax.ShapeDtypeStruct
   itemsize = jnp.dtype(dtype).itemsize
@@ -125,26 +124,26 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   estimate = compiled_plans.activation_bytes(scoring_plan.masks_per_call, scoring_plan.requests_per_call,
                                              batching.bucket(shape.max_seq), shape.context,
                                              batching.bucket_pow2(shape.targets))
-  prompt = batching.bucket_coarse(GSM8K_PROMPT_TOKENS)
-  new = batching.bucket_pow2(GSM8K_NEW_TOKENS)
-  rows = plans.generation_rows(prompt, new, 400 * 100, platform="gpu")
+  job = memory.GSM8K_GENERATION
+  prefix, suffix, new = job.widths
+  layout = plans.generation_slots(masks=job.masks, docs=job.docs, prefix=prefix, suffix=suffix, new=new,
+                                  stop_states=job.stop_states, platform="gpu")
+  slots, rows = layout.slots, layout.rows
+  start = time.perf_counter()
+  generation_xla = memory.generation_xla_bytes(config, compile_dtype, slots, rows, prefix, suffix, new,
+                                               job.stop_states)
   module = Transformer(config, param_dtype=compile_dtype)
   params = memory._params(config, compile_dtype)  # noqa: SLF001  (the abstract parameter tree of memory.py)
-  generate = jax.jit(functools.partial(generation.greedy_generate, module, config, dtype=compile_dtype),
-                     static_argnames=("max_new_tokens", "pad_id"))
-  start = time.perf_counter()
-  lowered = generate.lower(
-      params, Ablation(head_mask=sds((rows, config.num_layers, config.num_heads), compile_dtype)),
-      sds((rows, prompt), jnp.int32), sds((rows, prompt), jnp.bool_), sds((rows,), jnp.bool_), sds((1,), jnp.int32),
-      sds((config.vocab_size, 1), jnp.int32), sds((config.vocab_size, 1), jnp.bool_),
-      max_new_tokens=new, pad_id=0)
-  costs = _costs(lowered.compile())
+  decode = jax.jit(functools.partial(generation.decode, module, config, dtype=compile_dtype),
+                   static_argnames=("steps", "span"), donate_argnums=(1,))
+  state = generation.slot_shapes(config, compile_dtype, slots=slots, rows=rows, prefix=prefix, cache=suffix + new,
+                                 new=new)
+  costs = _costs(decode.lower(params, state, sds((2,), jnp.int32), sds((config.vocab_size, job.stop_states), jnp.int32),
+                              sds((config.vocab_size, job.stop_states), jnp.bool_), sds((), jnp.int32),
+                              steps=CHUNK_STEPS, span=suffix + new).compile())
+  step = decode_cost.step_cost(config, compile_dtype, slots, rows, prefix, suffix + new, new, top=0)
   generation_seconds = time.perf_counter() - start
-  generation_xla = memory.compiled_bytes(lowered)  # as the scoring call: on a CPU, the larger of its two graphs
-
-  def generation_bytes(p: planner.Planner) -> int:  # the planner's per-row terms (`Planner.generation_rows`)
-    cache = config.num_layers * (prompt + new) * config.num_kv_heads * config.head_dim * 2 * p.dtype_bytes
-    return rows * (cache + p.activation_bytes(1, 1, prompt, 0, 1))
+  estimate_generation = compiled_plans.generation_bytes(slots, rows, prefix, suffix, new, job.stop_states)
 
   return {
       "model": name, "dtype": jnp.dtype(dtype).name, "compiled_in": jnp.dtype(compile_dtype).name,
@@ -154,9 +153,12 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
                   "planner_estimate_gib": scoring_plan.estimated_bytes / 2**30,
                   "compiled_estimate_gib": estimate / 2**30, "xla_gib": xla["peak"] / 2**30,
                   "estimate_over_xla": estimate / xla["peak"], "compile_seconds": scoring_seconds},
-      "generation": {"prompt": prompt, "new_tokens": new, "rows": rows,
-                     "planner_estimate_gib": generation_bytes(plans) / 2**30,
-                     "compiled_estimate_gib": generation_bytes(compiled_plans) / 2**30,
-                     "xla_temp_plus_output_gib": generation_xla / 2**30,
-                     "estimate_over_xla": generation_bytes(compiled_plans) / generation_xla,
-                     **costs, "compile_seconds": generation_seconds}}
+      "generation": {"shape": dataclasses.asdict(job), "prefix": prefix, "suffix": suffix, "new_tokens": new,
+                     "mask_slots": slots, "rows": rows, "planner_estimate_gib": layout.estimated_bytes / 2**30,
+                     "compiled_estimate_gib": estimate_generation / 2**30,
+                     "xla_peak_gib": generation_xla["peak"] / 2**30,
+                     "state_gib": generation_xla["state"] / 2**30,
+                     "xla_calls_gib": {k: v / 2**30 for k, v in generation_xla.items() if k not in ("peak", "state")},
+                     "estimate_over_xla": estimate_generation / generation_xla["peak"], "decode_call": costs,
+                     "decode_step_bytes": step["step_bytes"], "decode_step_floor_bytes": step["floor"]["total"],
+                     "decode_step_over_floor": step["ratio"], "compile_seconds": generation_seconds}}

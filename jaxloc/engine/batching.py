@@ -45,3 +45,12 @@ def bucket_coarse(n: int) -> int:
 
 def bucket_pow2(n: int) -> int:
   return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+def bucket_coarse_below(n: int) -> int:
+  """The largest size of `bucket_coarse`'s ladder under n (0 when none is)."""
+  below, size = 0, 16
+  while size < n:
+    below = size
+    size = bucket_coarse(size + 1)
+  return below

@@ -163,7 +163,8 @@ class Generator:
     if key in self._layouts:
       return self._layouts[key]
     planner = self.shared.planner
-    layout = planner.generation_slots(masks=num_masks, docs=num_docs, prefix=prefix, suffix=suffix, new=new)
+    layout = planner.generation_slots(masks=num_masks, docs=num_docs, prefix=prefix, suffix=suffix, new=new,
+                                      stop_states=tables[0].shape[1])
     while layout.estimated_bytes > MEASURE_ABOVE * planner.budget:
       job = Job(layout, 1, prefix, suffix, new)
       abstract = self._abstract(job, masks, fill)
@@ -236,7 +237,7 @@ class Generator:
       state = self._insert(state, suffixes, suffix_width, pending, live, doc_of, length)
       if not live.any():
         break
-      span = min(job.cache, batching.bucket_coarse(int(length[live].max()) + CHUNK_STEPS))
+      span = min(job.cache, batching.bucket_coarse(int(length[live].max()) + CHUNK_STEPS))  # the planner's ladder
       args = self._decode_args(state, tables, eos_ids)[:-1] + (budget,)
       state = self._decode_fn.executable(*args, steps=CHUNK_STEPS, span=span)(*args)
       shared.stats.calls += 1

@@ -26,7 +26,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jaxloc.engine.batching import bucket_pow2
+from jaxloc.engine.batching import bucket_coarse_below, bucket_pow2
 from jaxloc.engine.config import EngineConfig
 from jaxloc.errors import UserError
 from jaxloc.models.config import ModelConfig
@@ -213,10 +213,11 @@ class Planner:
                         f"{self.call_budget / GIB:.2f} GiB; raise --memory_budget_gb or shorten the prompts")
     return ScoringBatches(masks, requests, cost(masks, requests))
 
-  def generation_slots(self, *, masks: int, docs: int, prefix: int, suffix: int, new: int,
+  def generation_slots(self, *, masks: int, docs: int, prefix: int, suffix: int, new: int, stop_states: int = 1,
                        platform: str | None = None) -> GenerationSlots:
     """Mask slots and row slots per mask slot of a generation job over `masks` masks x `docs` prompts sharing a
-    `prefix` (each a `suffix` after it, emitting at most `new` tokens): rows fill the row cap (`generation_batch`, or
+    `prefix` (each a `suffix` after it, emitting at most `new` tokens; `stop_states` states of the stop-string
+    automaton): rows fill the row cap (`generation_batch`, or
     64 on CPUs and 1024 on accelerators; `platform` names the one whose cap applies, default this machine's), a mask
     slot holding up to all of a mask's prompts (never more rows than the cap), then shrink until `generation_bytes` fits the budget. Both are
     powers of two (a handful of shapes whatever the counts); mask slots a multiple of the data-parallel size."""
@@ -227,7 +228,7 @@ class Planner:
 
     def sized(s: int, r: int) -> GenerationSlots:
       s = max(parallel, -(-s // parallel) * parallel)
-      return GenerationSlots(s, r, self.generation_bytes(s, r, prefix, suffix, new))
+      return GenerationSlots(s, r, self.generation_bytes(s, r, prefix, suffix, new, stop_states))
 
     plan = sized(slots, rows)
     while plan.estimated_bytes > self.budget and (plan.rows > 1 or plan.slots > parallel):
@@ -238,20 +239,35 @@ class Planner:
                       "raise --memory_budget_gb or shorten the prompts")
     return plan
 
-  def generation_bytes(self, slots: int, rows: int, prefix: int, suffix: int, new: int) -> int:
-    """Peak bytes beyond the parameters of a generation job's calls: the mask slots' prefix keys/values, every row's
-    own cache (its suffix and new tokens) and a second copy of it (a chunk reads a span of the cache as
-    its own buffer), plus the larger of a decode step's activations (one token per row attending to the prefix and
-    its cache: three float32 copies of the scores) and a prefill's (every row slot's suffix, as a scoring call)."""
+  def generation_bytes(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1) -> int:
+    """Peak bytes beyond the parameters of a generation job's calls (`generation_terms`, summed)."""
+    return sum(self.generation_terms(slots, rows, prefix, suffix, new, stop_states).values())
+
+  def generation_terms(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1
+                       ) -> dict[str, int]:
+    """What a generation job holds beyond the parameters, term by term. Across the job: the mask slots' prefix
+    keys/values, every row's own cache (suffix and new tokens), the unablated prefix (residual streams, keys and
+    values of every layer: masks resume above their first ablated layer from it), the stop-string automaton's tables
+    ([vocab, stop_states], int32 and bool). Within a call, the larger of:
+    a decode chunk (the span of the caches it reads as its own buffer, at most the largest span below the whole
+    cache; one layer's caches laid out for the attention matmuls; one token per row attending to the prefix and its
+    cache, three float32 copies of the scores) and a prefill of every row slot's suffix (as a scoring call, plus the
+    inserted rows' keys/values of every layer before they go into the cache).
+
+    The terms follow XLA's `memory_analysis()` of the compiled calls (`experiments.benchmark_memory
+    --parts=generation`, every preset): never under."""
     c = self.model
-    kv_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.dtype_bytes
+    kv = 2 * c.num_kv_heads * c.head_dim * self.dtype_bytes  # one token's keys and values in one layer
     cache = suffix + new
-    held = slots * prefix * kv_token + 2 * slots * rows * cache * kv_token
-    decode = (self.activation_bytes(slots, rows, 1, 0, 1)
-              + 3 * 4 * slots * rows * c.num_heads * (prefix + cache))
-    prefill = self.activation_bytes(slots, rows, suffix, prefix, 1) - 3 * c.num_layers * slots * prefix * (
-        c.num_kv_heads * c.head_dim * self.dtype_bytes)  # its prefix keys/values are `held`'s
-    return held + max(decode, prefill)
+    span = bucket_coarse_below(cache)
+    decode = (self.activation_bytes(slots, rows, 1, 0, 1) + 3 * 4 * slots * rows * c.num_heads * (prefix + cache)
+              + slots * rows * cache * kv + c.num_layers * slots * rows * span * kv)
+    prefill = (self.activation_bytes(slots, rows, suffix, prefix, 1)
+               - 3 * c.num_layers * slots * prefix * c.num_kv_heads * c.head_dim * self.dtype_bytes  # `prefix_kv`
+               + c.num_layers * slots * rows * suffix * kv)
+    return {"prefix_kv": c.num_layers * slots * prefix * kv, "cache": c.num_layers * slots * rows * cache * kv,
+            "unablated_prefix": c.num_layers * prefix * (c.hidden_size * self.dtype_bytes + kv),
+            "stop_tables": c.vocab_size * stop_states * 5, "activations": max(decode, prefill)}
 
   def attribution_rows(self, *, suffix: int, context: int, targets: int, steps: int, num_requests: int) -> int:
     """Requests per integrated-gradients call, each `steps` rows of `suffix` tokens after a shared `context`. A

@@ -10,21 +10,33 @@ XLA's `memory_analysis()` is compared with the planner's estimate (`jaxloc.bench
 the graph XLA:CPU runs and the graph without its library fusions, which holds what an accelerator holds). Compiled
 on this backend in float32: XLA's CPU backend upcasts bfloat16 matmuls to float32 (copying the weights), which
 would not describe an accelerator. Then the batches an 80 GB GPU and a 16 GiB TPU core get, per preset and task.
+
+Generation (`--parts=generation`): for every preset, the GSM8K-like generation job (`memory.GSM8K_GENERATION`: 400
+masks x 100 documents, a 700-token shared prefix, 120-token questions, 256 new tokens) laid out as the generator
+lays it out on an 80 GB GPU (bfloat16 plan), its calls compiled in float32 with abstract parameters and state, the
+planner's estimate against the peak of XLA's bytes over the calls. Decode cost (`--parts=decode_cost`): one decode
+step of that job at `--decode_preset`'s layout, the bytes XLA's graph moves against the floor
+(`jaxloc.bench.decode_cost`). Only the generation parts:
+
+    python -m experiments.benchmark_memory --parts=generation,decode_cost --output_json=benchmark_memory.json
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
 import jax.numpy as jnp
-import dataclasses
 
 from jaxloc import cli, files
-from jaxloc.bench import memory
+from jaxloc.bench import decode_cost, memory
 from jaxloc.errors import UserError
 from jaxloc.localize.settings import setting
 from jaxloc.models.presets import PRESETS
+
+
+PARTS = ("scoring", "generation", "decode_cost")
 
 
 @dataclasses.dataclass
@@ -34,7 +46,11 @@ class BenchmarkMemoryConfig:
                         "Embedded tasks whose request shapes are planned (plus the long synthetic shapes).")
   long_shapes: bool = setting(True, "Also plan the long synthetic shapes (MMLU-like, 8-shot GSM8K-like).")
   stress: bool = setting(True, "Also compare at fixed call shapes at the corners (jaxloc.bench.memory.STRESS_CALLS).")
-  output_json: str = setting(None, "Where to write the figures.", type=str)
+  parts: list = setting(list(PARTS),
+                        "What to run: scoring (the planned scoring calls, the corners, the batches), generation (the "
+                        "GSM8K-like generation job per preset), decode_cost (bytes per decode step against the floor).")
+  decode_preset: str = setting("llama-3.1-8b", "The preset whose decode step --parts=decode_cost compiles.")
+  output_json: str = setting(None, "Where to write the figures (an existing file keeps the parts not run).", type=str)
 
 
 GPU_BYTES = int(0.75 * 80e9)  # an 80 GB GPU's bytes_limit under XLA's default 75% preallocation
@@ -43,11 +59,28 @@ SETTINGS = {"cpu": (2048, 8 * memory.GIB), "gpu80": (65536, None)}
 
 
 def main(config: BenchmarkMemoryConfig) -> None:
-  from jaxloc.models.loading import load_model
-
-  unknown = [p for p in config.presets if p not in PRESETS]
+  unknown = [p for p in config.presets + [config.decode_preset] if p not in PRESETS]
   if unknown:
-    raise UserError(f"unknown --presets {unknown}; valid: {', '.join(PRESETS)}")
+    raise UserError(f"unknown --presets or --decode_preset {unknown}; valid: {', '.join(PRESETS)}")
+  unknown = [p for p in config.parts if p not in PARTS]
+  if unknown:
+    raise UserError(f"unknown --parts {unknown}; valid: {', '.join(PARTS)}")
+
+  payload = (files.read_json(config.output_json) or {}) if config.output_json else {}
+  payload["backend"] = jax.default_backend()
+  if "scoring" in config.parts:
+    payload.update(scoring(config))
+  if "generation" in config.parts:
+    payload["generation"] = generation(config)
+  if "decode_cost" in config.parts:
+    payload["decode_cost"] = decode_step(config)
+  if config.output_json:
+    files.write_json(config.output_json, payload)
+
+
+def scoring(config: BenchmarkMemoryConfig) -> dict:
+  """The scoring calls planned per preset and task shape against XLA, the corners, and the batches per device."""
+  from jaxloc.models.loading import load_model
 
   tokenizer = load_model("smollm2-135m").tokenizer
   shapes = [memory.task_shape(name, tokenizer) for name in config.tasks]
@@ -97,9 +130,62 @@ def main(config: BenchmarkMemoryConfig) -> None:
     cells = [f"{b[d]['masks_per_call']} x {b[d]['requests_per_call']}" + (
         f" (mp {b[d]['model_parallel']})" if b[d]["model_parallel"] > 1 else "") for d in ("gpu80", "tpu16")]
     print(f"{b['preset']:14s} {b['task']:36s} {cells[0]:>14s} {cells[1]:>18s}")
-  if config.output_json:
-    files.write_json(config.output_json, {"backend": jax.default_backend(), "comparisons": rows, "stress": stress,
-                                         "batches": batches, "min_ratio": min(ratios), "max_ratio": max(ratios)})
+  return {"comparisons": rows, "stress": stress, "batches": batches, "min_ratio": min(ratios),
+          "max_ratio": max(ratios)}
+
+
+def generation(config: BenchmarkMemoryConfig) -> list[dict]:
+  """The GSM8K-like generation job per preset: the generator's layout on an 80 GB GPU, the planner's estimate and
+  XLA's peak over the job's calls, both in float32."""
+  shape = memory.GSM8K_GENERATION
+  prefix, suffix, new = shape.widths
+  print(f"\ngeneration: {shape.name}, {shape.masks} masks x {shape.docs} documents, prefix {prefix}, suffix {suffix}, "
+        f"{new} new tokens; the 80 GB GPU layout (bfloat16 plan), compiled in float32; estimate / XLA's peak over the "
+        "calls (never under 1.0)")
+  print(f"{'preset':14s} {'slots':>5s} {'rows':>4s} {'estimate GiB':>12s} {'XLA GiB':>8s} {'ratio':>6s} "
+        f"{'peak call':>10s} {'state GiB':>9s}  XLA beyond the state, GiB, per call")
+  rows = []
+  for preset in config.presets:
+    model = PRESETS[preset]
+    budget = memory.device_budget(GPU_BYTES, memory.param_bytes(model, jnp.bfloat16))
+    plan = memory.generation_plan(model, shape, jnp.bfloat16, budget)
+    start = time.perf_counter()
+    row = memory.compare_generation(model, shape, jnp.float32, plan.slots, plan.rows)
+    row.update(preset=preset, budget_bytes=budget, plan_estimate_bytes=plan.estimated_bytes,
+               compile_seconds=time.perf_counter() - start)
+    rows.append(row)
+    beyond = ", ".join(f"{call} {(size - row['state_bytes']) / memory.GIB:.2f}"
+                       for call, size in row["xla_calls"].items())
+    print(f"{preset:14s} {row['slots']:5d} {row['rows']:4d} {row['estimate_bytes'] / memory.GIB:12.2f} "
+          f"{row['xla_bytes'] / memory.GIB:8.2f} {row['ratio']:6.2f} {row['peak_call']:>10s} "
+          f"{row['state_bytes'] / memory.GIB:9.2f}  {beyond}", flush=True)
+  ratios = [r["ratio"] for r in rows]
+  print(f"estimate / XLA over {len(rows)} generation jobs: min {min(ratios):.3f}, max {max(ratios):.3f}")
+  return rows
+
+
+def decode_step(config: BenchmarkMemoryConfig) -> list[dict]:
+  """One decode step of the GSM8K-like job at `decode_preset`'s 80 GB layout: XLA's bytes against the floor, at the
+  whole cache and the largest span below it; on a CPU in float32, for both of its graphs."""
+  model = PRESETS[config.decode_preset]
+  shape = memory.GSM8K_GENERATION
+  prefix, suffix, new = shape.widths
+  plan = memory.generation_plan(model, shape, jnp.bfloat16,
+                                memory.device_budget(GPU_BYTES, memory.param_bytes(model, jnp.bfloat16)))
+  cpu = jax.default_backend() == "cpu"
+  dtype = jnp.float32 if cpu else jnp.bfloat16
+  graphs = dict(zip(("xla_cpu", "without_library_fusions"), memory.CPU_GRAPHS)) if cpu else {"as_compiled": {}}
+  print(f"\ndecode step of {config.decode_preset}, {shape.name} ({jnp.dtype(dtype).name}; weights read once, the "
+        "prefix once per mask slot and each row's cache to the span is the floor; goal: within 1.5x)")
+  results = []
+  for span in memory.generation_spans(suffix + new):
+    for graph, options in graphs.items():
+      cost = decode_cost.step_cost(model, dtype, plan.slots, plan.rows, prefix, suffix + new, new, span=span,
+                                   compiler_options=options)
+      cost.update(preset=config.decode_preset, graph=graph)
+      results.append(cost)
+      print(f"[{graph}] " + decode_cost.describe(cost), flush=True)
+  return results
 
 
 def console() -> None:

@@ -35,3 +35,24 @@ def test_the_planner_shrinks_a_call_to_the_budget():
   small = memory.plan(config, PLURALS, jnp.float32, big.estimated_bytes // 4, 65536)
   assert small.masks_per_call < big.masks_per_call and small.estimated_bytes <= big.estimated_bytes // 4
   assert planner.accelerator_budget(10 * memory.GIB, 2 * memory.GIB) == int(0.6 * 8 * memory.GIB)
+
+
+# A generation job small enough to compile in seconds: 4 masks x 8 prompts after a 40-token prefix, 12-token
+# suffixes, 16 new tokens (CPU row cap: 4 mask slots x 8 rows).
+TINY_GENERATION = memory.GenerationShape("tiny generation", masks=4, docs=8, prefix=40, suffix=12, new=16)
+
+
+@pytest.mark.parametrize("preset", ["smollm2-135m", "gemma-3-1b"])
+def test_the_generation_estimate_is_never_under_xla_and_at_most_twice_it(preset):
+  # XLA's peak over the job's calls (prefix prefill, loading masks, inserting rows, decoding), the donated state
+  # counted once; inserting rows holds the most at this shape (the prefill plus the stacked keys/values of every
+  # inserted row, before they go into the cache).
+  config = PRESETS[preset]
+  plan = memory.generation_plan(config, TINY_GENERATION, jnp.float32, 8 * memory.GIB, platform="cpu")
+  assert (plan.slots, plan.rows) == (4, 8)
+  row = memory.compare_generation(config, TINY_GENERATION, jnp.float32, plan.slots, plan.rows)
+  assert row["estimate_bytes"] == plan.estimated_bytes
+  terms = row["estimate_terms"]
+  assert sum(terms.values()) == row["estimate_bytes"]
+  assert row["xla_bytes"] > row["state_bytes"] > 0
+  assert 1.0 <= row["ratio"] <= 2.0, row
