@@ -210,9 +210,8 @@ def generation_spans(cache: int) -> tuple[int, ...]:
   largest span below it, where the chunk holds the most of the cache as a second buffer (`generation.decode`)."""
   from jaxloc.engine.generator import CHUNK_STEPS
 
-  below = [s for s in {min(cache, batching.bucket_coarse(n)) for n in range(1 + CHUNK_STEPS, cache + CHUNK_STEPS)}
-           if s < cache]
-  return (cache, max(below)) if below else (cache,)
+  below = batching.bucket_coarse_below(cache)
+  return (cache, below) if below > CHUNK_STEPS else (cache,)
 
 
 def _nbytes(tree) -> int:
@@ -220,7 +219,7 @@ def _nbytes(tree) -> int:
 
 
 def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, suffix: int, new: int,
-                         stop_states: int = 16) -> dict[str, int]:
+                         stop_states: int = 16, inserted: int | None = None) -> dict[str, int]:
   """XLA's bytes beyond the parameters of a generation job's calls at this layout, each compiled as the generator
   jits it (the state donated). A call's bytes are its temporaries, outputs and non-parameter arguments
   (`compiled_bytes`), plus what the job keeps alive that the call does not take: the state (`generation.Slots`),
@@ -228,7 +227,7 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
 
     prefix       the unablated prefill of the prefix (the state is alive)
     load         `load_masks` of a mask into every slot at once, resuming from the unablated prefix
-    insert       `insert_rows` filling every row slot
+    insert       `insert_rows` filling `inserted` row slots of every mask slot (default all)
     decode_<s>   `decode` of `CHUNK_STEPS` steps reading `s` cache entries (`generation_spans`)
 
   peak: the largest; state: the state's own bytes."""
@@ -259,8 +258,9 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
                         alive=("tables",))
   insert_fn = jit(functools.partial(generation.insert_rows, module, c, dtype=dtype), static_argnames=("pad_id",),
                       donate_argnums=(1,))
-  result["insert"] = call(insert_fn, state, sds((slots, rows), i32), sds((slots, rows, suffix), i32),
-                          sds((slots, rows), i32), alive=("unablated", "tables"), pad_id=0)
+  inserted = inserted or rows
+  result["insert"] = call(insert_fn, state, sds((slots, inserted), i32), sds((slots, inserted, suffix), i32),
+                          sds((slots, inserted), i32), alive=("unablated", "tables"), pad_id=0)
   decode_fn = jit(functools.partial(generation.decode, module, c, dtype=dtype), static_argnames=("steps", "span"),
                   donate_argnums=(1,))
   for span in generation_spans(cache):
@@ -278,7 +278,8 @@ def compare_generation(config: ModelConfig, shape: GenerationShape, dtype, slots
   plans = planner.Planner(config, GIB, 65536, jnp.dtype(dtype).itemsize)
   estimate = plans.generation_bytes(slots, rows, prefix, suffix, new, shape.stop_states)
   terms = plans.generation_terms(slots, rows, prefix, suffix, new, shape.stop_states)
-  measured = generation_xla_bytes(config, dtype, slots, rows, prefix, suffix, new, shape.stop_states)
+  measured = generation_xla_bytes(config, dtype, slots, rows, prefix, suffix, new, shape.stop_states,
+                                  plans.insert_rows(slots, rows, suffix))
   return {"task": shape.name, "slots": slots, "rows": rows, "prefix": prefix, "suffix": suffix, "new": new,
           "estimate_bytes": estimate, "estimate_terms": terms, "xla_bytes": measured["peak"],
           "xla_calls": {k: v for k, v in measured.items() if k not in ("peak", "state")},

@@ -156,6 +156,11 @@ class PreviousGenerator:
     self._stop_cache: dict = {}
     self._token_strings: list[str] | None = None
 
+  # What a benchmark reads of an engine, so that it times this generator as it times one.
+  stats = property(lambda self: self.shared.stats)
+  tokenizer = property(lambda self: self.shared.model.tokenizer)
+  model_config = property(lambda self: self.shared.model_config)
+
   def _stop_tables(self, stops: tuple[str, ...]):
     """Device tables of the stop-string automaton for `stops` (cached; the vocabulary is decoded once)."""
     if stops not in self._stop_cache:

@@ -131,7 +131,7 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   slots, rows = layout.slots, layout.rows
   start = time.perf_counter()
   generation_xla = memory.generation_xla_bytes(config, compile_dtype, slots, rows, prefix, suffix, new,
-                                               job.stop_states)
+                                               job.stop_states, plans.insert_rows(slots, rows, suffix))
   module = Transformer(config, param_dtype=compile_dtype)
   params = memory._params(config, compile_dtype)  # noqa: SLF001  (the abstract parameter tree of memory.py)
   decode = jax.jit(functools.partial(generation.decode, module, config, dtype=compile_dtype),

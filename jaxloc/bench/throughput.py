@@ -9,7 +9,8 @@ All figures come from one process on one machine, so ratios are fair even on a s
   (d) the JAX matmul peak in the engine's activation dtype, measured before and after;
   plus greedy generation tokens/s, jaxloc against batched `transformers.generate`;
   (e) workloads, each timed with today's engine and with the previous engine path (no packing, every mask from layer
-      0, no shared prefill; `previous_engine`) in this one run: `default` (the default localization's measurements,
+      0, no shared prefill; `previous_engine`; for generation, the generator before shared-prefix generation,
+      `previous_generation.PreviousGenerator`) in this one run: `default` (the default localization's measurements,
       `plurals` under 300 stratified masks), `one_shot_greedy` (`plurals` under every single-head mask) and
       `generation` (HumanEval prompts under single-head masks, against `transformers.generate` too: through the
       chat template like `humaneval`, or, for a base model whose tokenizer has none, in the plain completion format
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc.bench import gsm8k_generation
+from jaxloc.bench.previous_generation import PreviousGenerator
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import GenerationRequest, ScoringRequest
 from jaxloc.localize import designs
@@ -342,8 +344,8 @@ def run_workloads(engine: Engine, cfg: "ThroughputConfig", torch_model, peak: fl
   log.info("one-shot greedy workload: %s",
            {k: v for k, v in workloads["one_shot_greedy"].items() if not isinstance(v, dict)})
   heads = np.linspace(0, c.num_head_total - 1, cfg.workload_generation_masks).round().astype(int)
-  engines = {"jaxloc": variant(engine, generation_batch=len(prompts)),
-             "previous_engine": previous_engine(engine, generation_batch=len(prompts))}
+  engines = {"jaxloc": variant(engine, generation_batch=len(prompts)),  # the previous path's generator: the old one
+             "previous_engine": PreviousGenerator(previous_engine(engine, generation_batch=len(prompts)).shared)}
   workloads["generation"] = generation_workload(engines, torch_model, prompts, single_head_masks(c, heads),
                                                 cfg.workload_generation_tokens, peak)
   workloads["generation"]["prompt_format"] = prompt_format

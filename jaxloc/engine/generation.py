@@ -165,7 +165,6 @@ def decode(module, config, params, state: Slots, eos_ids, stop_next, stop_hit, b
   """
   slots, rows = state.length.shape
   emitted = state.tokens.shape[2]
-  full = state.cache_k.shape[3]
   mi, ri = jnp.arange(slots)[:, None], jnp.arange(rows)[None, :]
   context = prefix_context(state)
   positions = (state.prefix_len + jnp.arange(span))[None, None]
@@ -181,6 +180,7 @@ def decode(module, config, params, state: Slots, eos_ids, stop_next, stop_hit, b
     done = (s.done | (s.current[..., None] == eos_ids).any(-1) | stop_hit[s.current, s.automaton]
             | (count >= budget))
     automaton = stop_next[s.current, s.automaton]
+    # `valid` is `span` wide: each layer's attention reads the first `span` entries of its cache (`layers.Attention`).
     cache = Context(k, v, jnp.arange(span)[None, None] < s.length[..., None], positions)
     out = module.apply({"params": params}, s.current[..., None], (s.prefix_len + s.length)[..., None],
                        ablation=s.ablation, context=context, cache=cache, outputs=OutputSpec(kv=True), dtype=dtype)
@@ -191,12 +191,6 @@ def decode(module, config, params, state: Slots, eos_ids, stop_next, stop_hit, b
                             tokens=tokens, count=count, done=done, automaton=automaton)
     return step + 1, k, v, s
 
-  k, v = state.cache_k, state.cache_v
-  if span < full:  # the chunk reads and writes only the first `span` entries; they go back after it
-    k, v = k[:, :, :, :span], v[:, :, :, :span]
   rest = dataclasses.replace(state, cache_k=None, cache_v=None)  # the loop carries each cache once
-  _, k, v, rest = jax.lax.while_loop(cond, body, (jnp.int32(0), k, v, rest))
-  if span < full:
-    k = jax.lax.dynamic_update_slice(state.cache_k, k, (0,) * k.ndim)
-    v = jax.lax.dynamic_update_slice(state.cache_v, v, (0,) * v.ndim)
+  _, k, v, rest = jax.lax.while_loop(cond, body, (jnp.int32(0), state.cache_k, state.cache_v, rest))
   return dataclasses.replace(rest, cache_k=k, cache_v=v)

@@ -278,29 +278,33 @@ class Generator:
 
   def _insert(self, state, suffixes: dict, width: int, pending, live: np.ndarray, doc_of: np.ndarray,
               length: np.ndarray):
-    """Fills every free row slot of each mask slot with its mask's pending prompts (one call, when there are any)."""
+    """Fills every free row slot of each mask slot with its mask's pending prompts, in calls of at most the
+    planner's rows per mask slot (`Planner.insert_rows`: a prefill of `tokens_per_batch` tokens)."""
     slots, rows = live.shape
     plan = []
     for s in range(slots):
       free = np.nonzero(~live[s])[0][:len(pending[s])]
       plan.append([(int(r), pending[s].popleft()) for r in free])
     most = max(len(p) for p in plan)
-    if not most:
-      return state
-    inserted = min(rows, max(batching.bucket_pow2(most), rows // 8))  # a few shapes: rows/8, rows/4, rows/2, rows
-    row = np.full((slots, inserted), rows, np.int32)
-    tokens = np.full((slots, inserted, width), self.shared.pad_id, np.int32)
-    lengths = np.ones((slots, inserted), np.int32)
-    for s, entries in enumerate(plan):
-      for i, (r, doc) in enumerate(entries):
-        suffix = suffixes[doc]
-        row[s, i], lengths[s, i] = r, len(suffix)
-        tokens[s, i, :len(suffix)] = suffix
-        doc_of[s, r], live[s, r], length[s, r] = doc, True, len(suffix)
+    per_call = self.shared.planner.insert_rows(slots, rows, width)
     place = self.shared.placement
     split = lambda a: place.put(a, place.split(a.ndim))  # noqa: E731
-    state = self._insert_fn(place.params, state, split(row), split(tokens), split(lengths), pad_id=self.shared.pad_id)
-    self.shared.stats.calls += 1
+    for begin in range(0, most, per_call):
+      part = [p[begin:begin + per_call] for p in plan]
+      # A few shapes: rows/8, rows/4, rows/2, rows (within the call's cap).
+      inserted = min(per_call, max(batching.bucket_pow2(max(len(p) for p in part)), rows // 8))
+      row = np.full((slots, inserted), rows, np.int32)
+      tokens = np.full((slots, inserted, width), self.shared.pad_id, np.int32)
+      lengths = np.ones((slots, inserted), np.int32)
+      for s, entries in enumerate(part):
+        for i, (r, doc) in enumerate(entries):
+          suffix = suffixes[doc]
+          row[s, i], lengths[s, i] = r, len(suffix)
+          tokens[s, i, :len(suffix)] = suffix
+          doc_of[s, r], live[s, r], length[s, r] = doc, True, len(suffix)
+      state = self._insert_fn(place.params, state, split(row), split(tokens), split(lengths),
+                              pad_id=self.shared.pad_id)
+      self.shared.stats.calls += 1
     return state
 
   # --- the engine's face ------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jaxloc.engine.batching import bucket_coarse_below, bucket_pow2
+from jaxloc.engine.batching import bucket_pow2
 from jaxloc.engine.config import EngineConfig
 from jaxloc.errors import UserError
 from jaxloc.models.config import ModelConfig
@@ -239,6 +239,13 @@ class Planner:
                       "raise --memory_budget_gb or shorten the prompts")
     return plan
 
+  def insert_rows(self, slots: int, rows: int, suffix: int) -> int:
+    """Rows per mask slot that one prefill of `suffix`-wide prompts starts: as many as `tokens_per_batch` tokens
+    hold over the mask slots (a power of two, at least 1, at most `rows`), so that the prefill's activations do not
+    grow with the rows a decode step holds."""
+    fit = max(1, self.tokens_per_batch // max(1, slots * suffix))
+    return min(rows, 1 << (fit.bit_length() - 1))
+
   def generation_bytes(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1) -> int:
     """Peak bytes beyond the parameters of a generation job's calls (`generation_terms`, summed)."""
     return sum(self.generation_terms(slots, rows, prefix, suffix, new, stop_states).values())
@@ -248,23 +255,24 @@ class Planner:
     """What a generation job holds beyond the parameters, term by term. Across the job: the mask slots' prefix
     keys/values, every row's own cache (suffix and new tokens), the unablated prefix (residual streams, keys and
     values of every layer: masks resume above their first ablated layer from it), the stop-string automaton's tables
-    ([vocab, stop_states], int32 and bool). Within a call, the larger of:
-    a decode chunk (the span of the caches it reads as its own buffer, at most the largest span below the whole
-    cache; one layer's caches laid out for the attention matmuls; one token per row attending to the prefix and its
-    cache, three float32 copies of the scores) and a prefill of every row slot's suffix (as a scoring call, plus the
-    inserted rows' keys/values of every layer before they go into the cache).
+    ([vocab, stop_states], int32 and bool). Within a call, the larger of: a decode chunk (one layer's
+    caches laid out for the attention matmuls, one token per row attending to the prefix and its cache: three float32
+    copies of the scores) and a prefill of `insert_rows` rows per mask slot (as a scoring call,
+    plus the inserted rows' keys/values of every layer before they go into the cache).
 
     The terms follow XLA's `memory_analysis()` of the compiled calls (`experiments.benchmark_memory
     --parts=generation`, every preset): never under."""
     c = self.model
     kv = 2 * c.num_kv_heads * c.head_dim * self.dtype_bytes  # one token's keys and values in one layer
     cache = suffix + new
-    span = bucket_coarse_below(cache)
     decode = (self.activation_bytes(slots, rows, 1, 0, 1) + 3 * 4 * slots * rows * c.num_heads * (prefix + cache)
-              + slots * rows * cache * kv + c.num_layers * slots * rows * span * kv)
-    prefill = (self.activation_bytes(slots, rows, suffix, prefix, 1)
-               - 3 * c.num_layers * slots * prefix * c.num_kv_heads * c.head_dim * self.dtype_bytes  # `prefix_kv`
-               + c.num_layers * slots * rows * suffix * kv)
+              + slots * rows * cache * kv)
+    inserted = self.insert_rows(slots, rows, suffix)
+    # The scoring formula's prefill, less its prefix keys/values (held above), 5% over: OLMo-2's insert (q/k norms over
+    # the whole projection) holds 0.1% more than the formula; plus the inserted rows' stacked keys/values.
+    prefill = (21 * (self.activation_bytes(slots, inserted, suffix, prefix, 1)
+                     - 3 * c.num_layers * slots * prefix * c.num_kv_heads * c.head_dim * self.dtype_bytes) // 20
+               + c.num_layers * slots * inserted * suffix * kv)
     return {"prefix_kv": c.num_layers * slots * prefix * kv, "cache": c.num_layers * slots * rows * cache * kv,
             "unablated_prefix": c.num_layers * prefix * (c.hidden_size * self.dtype_bytes + kv),
             "stop_tables": c.vocab_size * stop_states * 5, "activations": max(decode, prefill)}

@@ -117,7 +117,8 @@ class Context:
 
   k, v: [M, C, K, Dh] shared by a mask's requests, or [M, R, C, K, Dh] one block per request, for one layer (with a
     leading L when held for all layers).
-  valid: bool [M, R|1, C], which context positions each request may attend to.
+  valid: bool [M, R|1, C'], which context positions each request may attend to; C' < C reads only the first C'
+    (a decoding cache allocated for the longest row, read up to the longest live one).
   positions: int [M|1, R|1, C], each context key's absolute position (a sliding-window layer's query at position p
     sees those > p - window).
   """
@@ -195,13 +196,15 @@ class Attention(nn.Module):
       if earlier is None:
         continue
       keys = "mckh" if earlier.k.ndim == 4 else "mrckh"  # shared by a mask's requests, or each request's own
-      block = jnp.einsum(f"mrskgh,{keys}->mrkgsc", q, earlier.k.astype(dtype),
+      width = earlier.valid.shape[-1]  # sliced here, per layer: the slice joins the layer's copy into the matmul layout
+      earlier_k, earlier_v = earlier.k[..., :width, :, :], earlier.v[..., :width, :, :]
+      block = jnp.einsum(f"mrskgh,{keys}->mrkgsc", q, earlier_k.astype(dtype),
                          preferred_element_type=jnp.float32) * scale
       seen = earlier.valid[:, :, None, :]  # [M, R|1, 1, C]
       if window is not None:
         seen = seen & (earlier.positions[:, :, None, :] > positions[..., :, None] - window)
       block = jnp.where(seen[:, :, None, None], _soft_cap(block, cfg.attn_softcap), _MASKED_SCORE)
-      blocks.append((block, earlier.v.astype(dtype), f"mrkgsc,{keys}->mrskgh"))
+      blocks.append((block, earlier_v.astype(dtype), f"mrkgsc,{keys}->mrskgh"))
     blocks.append((scores, v, "mrkgst,mrtkh->mrskgh"))
     probs = jax.nn.softmax(jnp.concatenate([b[0] for b in blocks], axis=-1), axis=-1).astype(dtype)
     out, begin = None, 0
