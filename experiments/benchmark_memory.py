@@ -9,7 +9,9 @@ less the bfloat16 parameters). Each planned call is compiled with abstract param
 XLA's `memory_analysis()` is compared with the planner's estimate (`jaxloc.bench.memory`; on a CPU the larger of
 the graph XLA:CPU runs and the graph without its library fusions, which holds what an accelerator holds). Compiled
 on this backend in float32: XLA's CPU backend upcasts bfloat16 matmuls to float32 (copying the weights), which
-would not describe an accelerator. Then the batches an 80 GB GPU and a 16 GiB TPU core get, per preset and task.
+would not describe an accelerator. Then the batches an 80 GB GPU and a 16 GiB TPU core get, per preset and task. `--parts=generation,decode_cost`
+compares the generator's layouts with XLA likewise and counts a decode step's bytes against its floor
+(`jaxloc/main/benchmark_memory.py`).
 """
 
 from jaxloc.main.benchmark_memory import console

@@ -27,7 +27,8 @@ class EngineConfig:
       "type": int, "lower": 1, "help": "Token rows per compiled scoring call (default 2048 on CPU, 65536 on "
                                        "accelerators)."})
   generation_batch: int | None = dataclasses.field(default=None, metadata={
-      "type": int, "lower": 1, "help": "Sequences per generation call (default from the memory budget)."})
+      "type": int, "lower": 1, "help": "Rows decoded at once by a generation job, over all its mask slots (default "
+                                       "from the memory budget)."})
   share_prefix: bool = dataclasses.field(default=True, metadata={
       "help": "Compute the few-shot prefix shared by all requests once per mask."})
   pack: bool = dataclasses.field(default=True, metadata={
@@ -35,9 +36,10 @@ class EngineConfig:
               "gives one request per row."})
   residual_cache_gb: float | None = dataclasses.field(default=None, metadata={
       "type": float, "lower": 0, "help": "Room, within --memory_budget_gb, for the unablated model's residual streams, "
-                                         "so that masks start at the first layer they ablate and generation rows share "
-                                         "their prompts' prefill below it (default a quarter of the budget; 0 turns "
-                                         "it off). Request sets that do not fit start at layer 0, with a warning."})
+                                         "so that masks start at the first layer they ablate and a generation mask "
+                                         "prefills the shared prefix from there (default a quarter of the budget; 0 "
+                                         "turns it off). Request sets that do not fit start at layer 0, with a "
+                                         "warning."})
   activation_dtype: str = dataclasses.field(default="auto", metadata={
       "choices": ("auto", "float32", "bfloat16"),
       "help": "Activation dtype (residual stream and matmul inputs); auto = --dtype. float32 with --dtype=bfloat16 "

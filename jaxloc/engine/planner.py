@@ -217,10 +217,10 @@ class Planner:
                        platform: str | None = None) -> GenerationSlots:
     """Mask slots and row slots per mask slot of a generation job over `masks` masks x `docs` prompts sharing a
     `prefix` (each a `suffix` after it, emitting at most `new` tokens; `stop_states` states of the stop-string
-    automaton): rows fill the row cap (`generation_batch`, or
-    64 on CPUs and 1024 on accelerators; `platform` names the one whose cap applies, default this machine's), a mask
-    slot holding up to all of a mask's prompts (never more rows than the cap), then shrink until `generation_bytes` fits the budget. Both are
-    powers of two (a handful of shapes whatever the counts); mask slots a multiple of the data-parallel size."""
+    automaton): rows fill the row cap (`generation_batch`, or 64 on CPUs and 1024 on accelerators; `platform` names
+    the one whose cap applies, default this machine's), a mask slot holding up to all of a mask's prompts (never more
+    rows than the cap), then shrink until `generation_bytes` fits the budget. Both are powers of two (a handful of
+    shapes whatever the counts); mask slots a multiple of the data-parallel size."""
     cap = self.generation_batch or (1024 if (platform or jax.devices()[0].platform) != "cpu" else 64)
     rows = min(bucket_pow2(docs), 1 << (cap.bit_length() - 1))  # a power of two within the cap
     slots = max(1, min(bucket_pow2(masks), cap // rows))

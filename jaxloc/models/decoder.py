@@ -165,8 +165,8 @@ class LayerInputs:
 
 
 jax.tree_util.register_dataclass(LayerInputs, data_fields=["index", "head_mask", "head_fill", "neuron_mask",
-                                                           "neuron_fill", "context_k", "context_v", "cache_k", "cache_v",
-                                                           "window", "rope"],
+                                                           "neuron_fill", "context_k", "context_v", "cache_k",
+                                                           "cache_v", "window", "rope"],
                                  meta_fields=[])
 
 

@@ -109,3 +109,17 @@ def test_masked_greedy_generation_is_token_identical(gemma3, gemma3_torch, heads
     with torch.no_grad(), ablated_heads(gemma3_torch, heads):
       expected = gemma3_torch.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)
     assert generated == expected[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("kind", ["heads", "neurons", "mean"])
+def test_gsm8k_generation_equals_the_previous_generator(gemma3, kind):
+  """The 5-shot GSM8K prompt (a shared prefix longer than the 512-token sliding window) in float32: every text, cut
+  at `Question:`, equals the previous generator's under head, neuron and mean ablation."""
+  from jaxloc.bench.previous_generation import PreviousGenerator
+  from tests.engine.test_generation import _ablations, _gsm8k_requests
+
+  requests = _gsm8k_requests(gemma3.tokenizer, 3, 48)
+  kwargs = _ablations(gemma3.config, np.random.default_rng(2))[kind]
+  engine = Engine(gemma3)
+  ours = engine.generate(requests, **kwargs)
+  assert ours == PreviousGenerator(engine.shared).generate(requests, **kwargs)
