@@ -171,7 +171,7 @@ def torch_generate(model, tokenizer, requests: Sequence[GenerationRequest], keep
   stops and a cap."""
   import torch
 
-  from jaxloc.bench.throughput import ablated_heads
+  from jaxloc.bench.torch_baselines import ablated_heads
   from jaxloc.models.torch_reference import ablated_heads as hooked
 
   stops, cap = tuple(requests[0].stop), requests[0].max_new_tokens
