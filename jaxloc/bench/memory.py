@@ -188,7 +188,7 @@ class GenerationShape:
 
   @property
   def widths(self) -> tuple[int, int, int]:
-    return batching.bucket(self.prefix), batching.bucket_coarse(self.suffix), batching.bucket_pow2(self.new)
+    return batching.bucket(self.prefix), batching.bucket(self.suffix), batching.bucket_pow2(self.new)  # the generator's
 
 
 # The paper's math localization: 5-shot GSM8K prompts (a ~700-token shared prefix, questions of ~100 tokens after
@@ -206,8 +206,8 @@ def generation_plan(config: ModelConfig, shape: GenerationShape, dtype, memory_b
 
 
 def generation_spans(cache: int) -> tuple[int, ...]:
-  """The spans a decode call of a `cache`-wide job is compiled at that matter for memory: the whole cache, and the
-  largest span below it, where the chunk holds the most of the cache as a second buffer (`generation.decode`)."""
+  """The spans a decode call of a `cache`-wide job is compiled at: the whole cache, and the largest span below it
+  (each layer's attention reads that much of its cache, `generation.decode`)."""
   from jaxloc.engine.generator import CHUNK_STEPS
 
   below = batching.bucket_coarse_below(cache)
@@ -226,7 +226,8 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
   the unablated prefix (`generation.unablated_prefix`, kept while masks load) and the stop-string tables.
 
     prefix       the unablated prefill of the prefix (the state is alive)
-    load         `load_masks` of a mask into every slot at once, resuming from the unablated prefix
+    load         `load_masks` of as many masks as one call loads (`Planner.load_masks`), resuming from the
+                 unablated prefix
     insert       `insert_rows` filling `inserted` row slots of every mask slot (default all)
     decode_<s>   `decode` of `CHUNK_STEPS` steps reading `s` cache entries (`generation_spans`)
 
@@ -253,8 +254,9 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
   prefix_fn = jit(functools.partial(generation.unablated_prefix, module, dtype=dtype))
   result["prefix"] = call(prefix_fn, sds((prefix,), i32), alive=("state", "tables"))
   load_fn = jit(functools.partial(generation.load_masks, module, dtype=dtype), donate_argnums=(1,))
-  masks = Ablation(head_mask=sds((slots, c.num_layers, c.num_heads), dtype))
-  result["load"] = call(load_fn, state, sds((slots,), i32), masks, sds((prefix,), i32), (sds((), i32), *unablated),
+  loaded = planner.Planner(c, GIB, 65536, jnp.dtype(dtype).itemsize).load_masks(slots, prefix)
+  masks = Ablation(head_mask=sds((loaded, c.num_layers, c.num_heads), dtype))
+  result["load"] = call(load_fn, state, sds((loaded,), i32), masks, sds((prefix,), i32), (sds((), i32), *unablated),
                         alive=("tables",))
   insert_fn = jit(functools.partial(generation.insert_rows, module, c, dtype=dtype), static_argnames=("pad_id",),
                       donate_argnums=(1,))

@@ -54,3 +54,8 @@ def bucket_coarse_below(n: int) -> int:
     below = size
     size = bucket_coarse(size + 1)
   return below
+
+
+def floor_pow2(n: int) -> int:
+  """The largest power of two at most n (1 for n < 2)."""
+  return 1 << max(0, max(n, 1).bit_length() - 1)

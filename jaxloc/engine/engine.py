@@ -17,8 +17,9 @@ integrated gradients, mean-ablation statistics). Everything per call is one jitt
 (`batching.py`) and shared between request sets (`layouts.py`) so a run compiles a handful of times, and
 `compile_count` and `compile_time` report how many and how long. Short requests are packed
 several to a row (`scoring.arrange`), and masks are grouped by the first layer they ablate: a batch starts there from
-the unablated model's residual streams, kept per request set within the residual cache (generation rows likewise
-share their prompts' unablated prefill below that layer). Every "how many fit" comes from one planner (`planner.py`).
+the unablated model's residual streams, kept per request set within the residual cache. Generation prefills the
+prompts' shared prefix once per mask (below its first ablated layer, once for all masks) and decodes rows in slots
+refilled as rows end. Every "how many fit" comes from one planner (`planner.py`).
 """
 
 from __future__ import annotations

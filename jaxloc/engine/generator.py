@@ -159,30 +159,27 @@ class Generator:
   def _layout(self, key, masks: Masks, fill: Fills, num_masks: int, num_docs: int, prefix: int, suffix: int,
               new: int, tables, eos_ids) -> GenerationSlots:
     """The planner's slots for this job's shapes; where its estimate comes near the budget, XLA's memory analysis of
-    the compiled decode call (its largest span) confirms it or halves it until it fits (the executable is kept)."""
+    the compiled decode call (its largest span) confirms it, or the layout shrinks (`Planner.smaller`) until XLA
+    measures one under the budget (each executable is kept, and the chosen one runs the job)."""
     if key in self._layouts:
       return self._layouts[key]
     planner = self.shared.planner
     layout = planner.generation_slots(masks=num_masks, docs=num_docs, prefix=prefix, suffix=suffix, new=new,
                                       stop_states=tables[0].shape[1])
-    while layout.estimated_bytes > MEASURE_ABOVE * planner.budget:
-      job = Job(layout, 1, prefix, suffix, new)
-      abstract = self._abstract(job, masks, fill)
-      executable = self._decode_fn.executable(*self._decode_args(abstract, tables, eos_ids), steps=CHUNK_STEPS,
-                                              span=job.cache)
-      measured = xla_bytes(executable, self.shared.placement.params)
-      log.info("generation: %d mask slots x %d rows, planner %.2f GiB, XLA %.2f GiB (budget %.2f GiB)", layout.slots,
-               layout.rows, layout.estimated_bytes / GIB, measured / GIB, planner.budget / GIB)
-      if measured <= planner.budget:
-        break
-      parallel = planner.data_parallel
-      if layout.slots > parallel:
-        layout = GenerationSlots(max(parallel, layout.slots // 2), layout.rows, layout.estimated_bytes // 2)
-      elif layout.rows > 1:
-        layout = GenerationSlots(layout.slots, layout.rows // 2, layout.estimated_bytes // 2)
-      else:
-        raise UserError(f"one generation row needs {measured / GIB:.2f} GiB (XLA), over the memory budget of "
-                        f"{planner.budget / GIB:.2f} GiB; raise --memory_budget_gb or shorten the prompts")
+    if layout.estimated_bytes > MEASURE_ABOVE * planner.budget:
+      while True:  # from here on XLA decides, down to a layout it has measured under the budget
+        abstract = self._abstract(Job(layout, 1, prefix, suffix, new), masks, fill)
+        executable = self._decode_fn.executable(*self._decode_args(abstract, tables, eos_ids), steps=CHUNK_STEPS,
+                                                span=suffix + new)
+        measured = xla_bytes(executable, self.shared.placement.params)
+        log.info("generation: %d mask slots x %d rows, planner %.2f GiB, XLA %.2f GiB (budget %.2f GiB)",
+                 layout.slots, layout.rows, layout.estimated_bytes / GIB, measured / GIB, planner.budget / GIB)
+        if measured <= planner.budget:
+          break
+        if layout.rows == 1 and layout.slots <= planner.data_parallel:
+          raise UserError(f"one generation row needs {measured / GIB:.2f} GiB (XLA), over the memory budget of "
+                          f"{planner.budget / GIB:.2f} GiB; raise --memory_budget_gb or shorten the prompts")
+        layout = planner.smaller(layout, prefix, suffix, new, tables[0].shape[1])
     self._layouts[key] = layout
     return layout
 
@@ -219,9 +216,14 @@ class Generator:
     unablated = None
     # The unablated prefix costs one prefill of every layer and saves each mask the layers below its start.
     if prefix_len and starts.sum() > c.num_layers:
-      if shared.planner.fits_residual_cache(shared.planner.prompt_stream_bytes(1, prefix_width)):
+      size = shared.planner.prompt_stream_bytes(1, prefix_width)
+      if shared.planner.fits_residual_cache(size):
         unablated = self._prefix_fn(place.params, prefix_tokens)
         shared.stats.calls += 1
+      else:
+        log.warning("the unablated prefix (%d tokens) needs %.2f GiB, over the residual cache of %.2f GiB: every mask "
+                    "prefills it from layer 0 (raise --residual_cache_gb to share it)", prefix_len, size / GIB,
+                    shared.planner.residual_cache / GIB)
     order = collections.deque(sorted(range(len(masks)), key=lambda m: starts[m]))  # neighbours share start layers
     mask_of = np.full(slots, -1)
     pending: list[collections.deque] = [collections.deque() for _ in range(slots)]
@@ -256,24 +258,28 @@ class Generator:
 
   def _load(self, state, free: list[int], order: collections.deque, mask_of: np.ndarray, pending, docs, masks: Masks,
             starts: np.ndarray, unablated, prefix_tokens):
-    """Loads the next masks of `order` into the mask slots `free` (one call; padding entries point past the slots)."""
+    """Loads the next masks of `order` into the mask slots `free`, in calls of at most the planner's masks
+    (`Planner.load_masks`; padding entries point past the slots)."""
     place = self.shared.placement
-    taken = [order.popleft() for _ in free]
-    size = batching.bucket_pow2(len(taken))
-    chosen = np.array(taken + [taken[0]] * (size - len(taken)))
-    slot = np.array(free + [len(mask_of)] * (size - len(taken)), np.int32)
-    for s, m in zip(free, taken):
-      mask_of[s] = m
-      pending[s].extend(docs)
-    batch = masks.rows(chosen)
-    ablation = Ablation(None if batch.heads is None else place.put(batch.heads.astype(place.dtype)), None,
-                        None if batch.neurons is None else place.put(batch.neurons.astype(place.dtype)), None)
-    resume = None
-    if unablated is not None:
-      layer = min(min(int(starts[m]) for m in taken), self.shared.model_config.num_layers - 1)
-      resume = (place.put(np.int32(layer)),) + tuple(unablated)
-    state = self._load_fn(place.params, state, place.put(slot), ablation, prefix_tokens, resume)
-    self.shared.stats.calls += 1
+    per_call = self.shared.planner.load_masks(len(mask_of), int(prefix_tokens.shape[0]))
+    for begin in range(0, len(free), per_call):
+      into = free[begin:begin + per_call]
+      taken = [order.popleft() for _ in into]
+      size = min(per_call, batching.bucket_pow2(len(taken)))
+      chosen = np.array(taken + [taken[0]] * (size - len(taken)))
+      slot = np.array(into + [len(mask_of)] * (size - len(taken)), np.int32)
+      for s, m in zip(into, taken):
+        mask_of[s] = m
+        pending[s].extend(docs)
+      batch = masks.rows(chosen)
+      ablation = Ablation(None if batch.heads is None else place.put(batch.heads.astype(place.dtype)), None,
+                          None if batch.neurons is None else place.put(batch.neurons.astype(place.dtype)), None)
+      resume = None
+      if unablated is not None:
+        layer = min(min(int(starts[m]) for m in taken), self.shared.model_config.num_layers - 1)
+        resume = (place.put(np.int32(layer)),) + tuple(unablated)
+      state = self._load_fn(place.params, state, place.put(slot), ablation, prefix_tokens, resume)
+      self.shared.stats.calls += 1
     return state
 
   def _insert(self, state, suffixes: dict, width: int, pending, live: np.ndarray, doc_of: np.ndarray,
@@ -350,7 +356,7 @@ class Generator:
 def xla_bytes(executable, params) -> int:
   """What a compiled call holds beyond the parameters, by XLA's `memory_analysis()`: temporaries, arguments and
   outputs, an output that reuses a donated argument's buffer counted once."""
-  analysis = executable.memory_analysis()
-  param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  analysis = executable.memory_analysis()  # per device: so are the parameters' bytes taken off
+  param_bytes = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(params))
   return int(analysis.temp_size_in_bytes + analysis.argument_size_in_bytes + analysis.output_size_in_bytes
              - analysis.alias_size_in_bytes - param_bytes)

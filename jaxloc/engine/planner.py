@@ -26,7 +26,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jaxloc.engine.batching import bucket_pow2
+from jaxloc.engine.batching import bucket_pow2, floor_pow2
 from jaxloc.engine.config import EngineConfig
 from jaxloc.errors import UserError
 from jaxloc.models.config import ModelConfig
@@ -157,8 +157,8 @@ class GenerationSlots:
 
 @dataclasses.dataclass(frozen=True)
 class Planner:
-  """The sizes of one engine's calls. budget and residual_cache in bytes (module docstring); generation_batch fixes
-  the rows of a generation call (None: from the budget)."""
+  """The sizes of one engine's calls. budget and residual_cache in bytes (module docstring); generation_batch caps
+  the rows a generation job decodes at once (None: from the budget)."""
 
   model: ModelConfig
   budget: int
@@ -222,29 +222,41 @@ class Planner:
     rows than the cap), then shrink until `generation_bytes` fits the budget. Both are powers of two (a handful of
     shapes whatever the counts); mask slots a multiple of the data-parallel size."""
     cap = self.generation_batch or (1024 if (platform or jax.devices()[0].platform) != "cpu" else 64)
-    rows = min(bucket_pow2(docs), 1 << (cap.bit_length() - 1))  # a power of two within the cap
-    slots = max(1, min(bucket_pow2(masks), cap // rows))
-    parallel = self.data_parallel
-
-    def sized(s: int, r: int) -> GenerationSlots:
-      s = max(parallel, -(-s // parallel) * parallel)
-      return GenerationSlots(s, r, self.generation_bytes(s, r, prefix, suffix, new, stop_states))
-
-    plan = sized(slots, rows)
-    while plan.estimated_bytes > self.budget and (plan.rows > 1 or plan.slots > parallel):
-      plan = sized(plan.slots // 2, plan.rows) if plan.slots > parallel else sized(plan.slots, plan.rows // 2)
+    rows = min(bucket_pow2(docs), floor_pow2(cap))
+    plan = self.generation_layout(min(bucket_pow2(masks), floor_pow2(cap // rows)), rows, prefix, suffix, new,
+                                  stop_states)
+    while plan.estimated_bytes > self.budget and (plan.rows > 1 or plan.slots > self.data_parallel):
+      plan = self.smaller(plan, prefix, suffix, new, stop_states)
     if plan.estimated_bytes > self.budget:
       raise UserError(f"one generation row ({prefix} + {suffix} prompt tokens, {new} new) needs "
                       f"{plan.estimated_bytes / GIB:.2f} GiB, over the memory budget of {self.budget / GIB:.2f} GiB; "
                       "raise --memory_budget_gb or shorten the prompts")
     return plan
 
+  def generation_layout(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1
+                        ) -> GenerationSlots:
+    """`slots` mask slots (rounded up to a multiple of the data-parallel size) of `rows` rows, with their estimate."""
+    parallel = self.data_parallel
+    slots = max(parallel, -(-max(1, slots) // parallel) * parallel)
+    return GenerationSlots(slots, rows, self.generation_bytes(slots, rows, prefix, suffix, new, stop_states))
+
+  def smaller(self, layout: GenerationSlots, prefix: int, suffix: int, new: int, stop_states: int = 1
+              ) -> GenerationSlots:
+    """The next layout down: half the mask slots while more than the data-parallel size, then half the rows."""
+    if layout.slots > self.data_parallel:
+      return self.generation_layout(layout.slots // 2, layout.rows, prefix, suffix, new, stop_states)
+    return self.generation_layout(layout.slots, max(1, layout.rows // 2), prefix, suffix, new, stop_states)
+
+  def load_masks(self, slots: int, prefix: int) -> int:
+    """Masks one call loads (prefilling the prefix under each): as many as `tokens_per_batch` prefix tokens hold (a
+    power of two, at least 1, at most the mask slots)."""
+    return min(floor_pow2(slots), floor_pow2(max(1, self.tokens_per_batch // max(1, prefix))))
+
   def insert_rows(self, slots: int, rows: int, suffix: int) -> int:
     """Rows per mask slot that one prefill of `suffix`-wide prompts starts: as many as `tokens_per_batch` tokens
     hold over the mask slots (a power of two, at least 1, at most `rows`), so that the prefill's activations do not
     grow with the rows a decode step holds."""
-    fit = max(1, self.tokens_per_batch // max(1, slots * suffix))
-    return min(rows, 1 << (fit.bit_length() - 1))
+    return min(rows, floor_pow2(max(1, self.tokens_per_batch // max(1, slots * suffix))))
 
   def generation_bytes(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1) -> int:
     """Peak bytes beyond the parameters of a generation job's calls (`generation_terms`, summed)."""
@@ -273,9 +285,11 @@ class Planner:
     prefill = (21 * (self.activation_bytes(slots, inserted, suffix, prefix, 1)
                      - 3 * c.num_layers * slots * prefix * c.num_kv_heads * c.head_dim * self.dtype_bytes) // 20
                + c.num_layers * slots * inserted * suffix * kv)
+    loaded = self.load_masks(slots, prefix)  # a prefix prefill per loaded mask, its keys/values scattered after
+    load = self.activation_bytes(loaded, 1, prefix, 0, 1) + c.num_layers * loaded * prefix * kv
     return {"prefix_kv": c.num_layers * slots * prefix * kv, "cache": c.num_layers * slots * rows * cache * kv,
             "unablated_prefix": c.num_layers * prefix * (c.hidden_size * self.dtype_bytes + kv),
-            "stop_tables": c.vocab_size * stop_states * 5, "activations": max(decode, prefill)}
+            "stop_tables": c.vocab_size * stop_states * 5, "activations": max(decode, prefill, load)}
 
   def attribution_rows(self, *, suffix: int, context: int, targets: int, steps: int, num_requests: int) -> int:
     """Requests per integrated-gradients call, each `steps` rows of `suffix` tokens after a shared `context`. A

@@ -103,26 +103,18 @@ def test_generation_batches_equal_one_by_one(tiny_model):
   assert batched == single
 
 
-def test_padding_rows_do_not_keep_the_loop_running(tiny_model):
-  """A batch with filler rows ends when its real sequences stop, not after max_new_tokens."""
+def test_idle_rows_do_not_keep_the_loop_running(tiny_model):
+  """5 prompts in 8 row slots (3 never filled): once the real rows end, the decode loop ends, whatever the budget."""
+  stops = tuple(chr(c) for c in range(32, 127)) + ("\n",)  # every printable character: each row ends at once
+  requests = [GenerationRequest(f"Hello there {i}", stop=stops, max_new_tokens=512) for i in range(5)]
   engine = Engine(tiny_model, EngineConfig(generation_batch=8))
-  tok = tiny_model.tokenizer
-  # Stopping on every character that can appear ends each real sequence at its first token.
-  stops = tuple(chr(c) for c in range(32, 127)) + ("\n",)
-  requests = [GenerationRequest("Hello there", stop=stops, max_new_tokens=512)]
-  engine.generate(requests, np.ones((1, 3, 6)))  # compile
-  before = engine.stats.seconds
+  before = engine.stats.calls
   engine.generate(requests, np.ones((1, 3, 6)))
-  one_batch_seconds = engine.stats.seconds - before
-  del tok
-  # 512 decode steps of an 8-row batch take far longer than a handful; a runaway loop would show.
-  steps = Engine(tiny_model, EngineConfig(generation_batch=8))
-  long = [GenerationRequest("Hello there", stop=(), max_new_tokens=512)]
-  steps.generate(long, np.ones((1, 3, 6)))
-  before = steps.stats.seconds
-  steps.generate(long, np.ones((1, 3, 6)))
-  full_seconds = steps.stats.seconds - before
-  assert one_batch_seconds < full_seconds / 5
+  stopped = engine.stats.calls - before
+  requests = [GenerationRequest(f"Hello there {i}", stop=(), max_new_tokens=512) for i in range(5)]
+  before = engine.stats.calls
+  engine.generate(requests, np.ones((1, 3, 6)))
+  assert stopped <= 3 < 512 // 16 <= engine.stats.calls - before  # load, insert, one chunk; else every chunk
 
 
 def _ablations(config, rng):
@@ -163,18 +155,25 @@ def test_generation_equals_the_previous_generator(tokenizer, family, kind):
 def test_rows_refill_and_masks_swap_as_rows_end(tiny_model):
   """Uneven lengths (a stop string most rows meet early, a budget that ends the rest): with few row slots each is
   filled again as its row ends, and a mask slot takes the next mask once its mask's rows have all ended; every
-  (mask, prompt) pair comes back once, equal to generating it alone."""
-  requests = _few_shot_requests(20, stop=(" ",))
+  (mask, prompt) pair comes back exactly once, with the tokens it gets generated alone."""
+  from jaxloc.engine.masks import check_fills, check_masks
+
+  requests = _few_shot_requests(20)
   masks = np.ones((4, 3, 6), np.float32)
   masks[1, 0, 2] = masks[2, 2, 5] = masks[3, 1, :] = 0
   engine = Engine(tiny_model, EngineConfig(generation_batch=4))
-  seen = []
-  texts = engine.generate(requests, masks, progress=seen.append)
-  assert sum(seen) == len(masks) * len(requests)
+  ids = [tiny_model.tokenizer(r.context)["input_ids"] for r in requests]
+  stops = ("s",)  # ends rows after 1, 10, 12 or 20 tokens on this model
+  config = tiny_model.config
+  got = list(engine.generator._generate_grid(ids, list(range(len(ids))), check_masks(config, masks),  # noqa: SLF001
+                                             check_fills(config, None), stops, 20))
+  assert sorted(pair for pair, _ in got) == [(m, i) for m in range(len(masks)) for i in range(len(ids))]
+  assert len({len(tokens) for _, tokens in got}) > 2  # rows ended at different steps
   alone = Engine(tiny_model, EngineConfig(generation_batch=1))
-  assert texts == [[alone.generate([r], m[None])[0][0] for r in requests] for m in masks]
-  insert = engine.generator._insert_fn  # noqa: SLF001
-  assert insert.compiled_shapes() >= 2  # the first fill and smaller refills
+  for (m, i), tokens in got:
+    assert tokens == next(alone.generator._generate_grid(ids, [i], check_masks(config, masks[m:m + 1]),  # noqa: SLF001
+                                                         check_fills(config, None), stops, 20))[1]
+  assert engine.generator._insert_fn.compiled_shapes() >= 2  # noqa: SLF001  the first fill and smaller refills
 
 
 def test_shared_prefix_length_leaves_every_prompt_a_token():
@@ -200,3 +199,24 @@ def test_smollm2_gsm8k_generation_equals_the_previous_generator(smollm2, smollm2
   ours = smollm2_engine.generate(requests, **kwargs)
   assert ours == PreviousGenerator(smollm2_engine.shared).generate(requests, **kwargs)
   assert any("####" in text or "Question" not in text for text in ours[0])
+
+
+def test_a_layout_near_the_budget_is_checked_against_xla(tiny_model, caplog):
+  """Where the planner's estimate comes within half the budget, the compiled decode call's memory analysis decides;
+  the job then runs on that very executable and generates what an unconstrained engine does."""
+  import logging
+
+  from jaxloc.engine.planner import GIB
+
+  requests = _few_shot_requests(8)
+  masks = np.ones((2, 3, 6), np.float32)
+  masks[1, 0, 2] = 0
+  free = Engine(tiny_model, EngineConfig(generation_batch=8))
+  expected = free.generate(requests, masks)
+  estimate = next(iter(free.generator._layouts.values())).estimated_bytes  # noqa: SLF001
+  tight = Engine(tiny_model, EngineConfig(generation_batch=8, memory_budget_gb=1.5 * estimate / GIB,
+                                          residual_cache_gb=0))
+  with caplog.at_level(logging.INFO, logger="jaxloc.engine.generator"):
+    assert tight.generate(requests, masks) == expected
+  assert any("XLA" in r.message for r in caplog.records)
+  assert tight.generator._decode_fn.compiled_shapes() >= 1  # noqa: SLF001
