@@ -155,7 +155,8 @@ CASES = [
     Case("resume_dtype", "a float32 run resumed with `--dtype=bfloat16`", "localize", ("--dtype=bfloat16",),
          "--dtype: saved 'float32', now 'bfloat16'", True, setup=_copy_base_run, resumes_base_run=True),
     Case("resume_activation_dtype", "a float32 run resumed with `--activation_dtype=bfloat16`", "localize",
-         ("--activation_dtype=bfloat16",), "(--activation_dtype: saved 'float32', now 'bfloat16')", True,
+         ("--activation_dtype=bfloat16",), "(--activation_dtype: saved 'float32', now 'bfloat16'; "
+         "--float32_matmuls: saved 'highest', now None)", True,
          setup=_copy_base_run, resumes_base_run=True),
     Case("resume_share_prefix", "a run resumed with `--noshare_prefix`", "localize", ("--noshare_prefix",),
          "--share_prefix: saved True, now False", True, setup=_copy_base_run, resumes_base_run=True),
