@@ -190,7 +190,8 @@ def _gsm8k_requests(tokenizer, count, max_new_tokens):
                             stop=gsm8k.STOP, max_new_tokens=max_new_tokens) for i in range(count)]
 
 
-@pytest.mark.parametrize("kind", ["heads", "neurons", "mean"])
+@pytest.mark.parametrize("kind", ["heads", pytest.param("neurons", marks=pytest.mark.slow),
+                                  pytest.param("mean", marks=pytest.mark.slow)])  # the tiny models cover all in CI
 def test_smollm2_gsm8k_generation_equals_the_previous_generator(smollm2, smollm2_engine, kind):
   """The real 5-shot GSM8K prompt (about 700 shared tokens) on the embedded default in float32: the texts, cut at
   `Question:`, equal the previous generator's under every kind of ablation."""
