@@ -1,6 +1,7 @@
 """The documentation holds together: every relative link and image in README.md, BUILD.md and docs/*.md resolves
-(anchors included, by GitHub's heading slugs), every command in their code blocks names only flags its command
-defines, and the README's printed summary is what the code prints for the committed default run."""
+(anchors included, by GitHub's heading slugs; a plot or page that `python -m experiments.report --all` draws counts),
+every command in their code blocks names only flags its command defines, the README's printed summary is what the
+code prints for the committed default run, and git holds docs/'s inputs, not what is drawn from them (under 2 MB)."""
 
 import functools
 import glob
@@ -16,6 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = sorted(["README.md", "BUILD.md"] + [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))])
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 COMMAND = re.compile(r"python -m (experiments\.\w+)((?:[ \t]+(?:\\\n)?[ \t]*[^\s#|`]+)*)")
+# What git may hold under docs/: prose and the inputs plots are drawn from (issue 43: 13 MB, 12.4 of it drawn).
+DOCS_BYTES = 2_000_000
 
 
 def _read(page: str) -> str:
@@ -40,6 +43,14 @@ def _code(text: str) -> str:
   return "\n".join(fenced + indented)
 
 
+@functools.lru_cache(maxsize=None)
+def _drawn() -> frozenset[str]:
+  """The files (relative to the root) `python -m experiments.report --all` draws from docs/'s committed inputs."""
+  from jaxloc.report import regenerate
+
+  return frozenset(os.path.relpath(p, ROOT) for p in regenerate.outputs(os.path.join(ROOT, "docs")))
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_every_relative_link_and_image_resolves(page):
   broken = []
@@ -48,7 +59,7 @@ def test_every_relative_link_and_image_resolves(page):
       continue
     path, _, anchor = target.partition("#")
     resolved = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
-    if not os.path.exists(os.path.join(ROOT, resolved)):
+    if not os.path.exists(os.path.join(ROOT, resolved)) and resolved not in _drawn():
       broken.append(f"{target} (no {resolved})")
     elif anchor and resolved.endswith(".md") and anchor not in _anchors(resolved):
       broken.append(f"{target} (no heading #{anchor} in {resolved})")
@@ -98,3 +109,31 @@ def test_the_readmes_summary_is_what_the_default_run_prints():
   with open(os.path.join(run, "heads.json")) as f, open(os.path.join(run, "ablation.json")) as g:
     printed = summary_table(json.load(f), json.load(g))
   assert block.group(1).strip("\n") == printed.strip("\n")
+
+
+def _git(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+  out = subprocess.run(["git", *args], cwd=ROOT, input=stdin, capture_output=True, text=True)
+  if out.returncode not in (0, 1):  # 1: git check-ignore matched nothing
+    pytest.skip(f"not a git checkout: {out.stderr.strip()}")
+  return out
+
+
+def test_git_holds_docs_under_2_mb():
+  """What a commit of docs/ holds (tracked files, and new ones not ignored), as a fresh clone checks it out."""
+  listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard", "docs").stdout.split("\0")
+  present = [p for p in set(listed) if p and os.path.isfile(os.path.join(ROOT, p))]  # a deletion not yet staged: gone
+  sizes = {p: os.path.getsize(os.path.join(ROOT, p)) for p in present}
+  largest = ", ".join(f"{p} {n:,}" for p, n in sorted(sizes.items(), key=lambda item: -item[1])[:5])
+  assert sum(sizes.values()) < DOCS_BYTES, (f"docs/ in git is {sum(sizes.values()):,} bytes (limit {DOCS_BYTES:,}); "
+                                            f"largest: {largest}")
+
+
+def test_git_keeps_none_of_what_the_regeneration_draws():
+  """docs/.gitignore names every file `experiments.report --all` writes, and none of them is tracked, so redrawing
+  leaves `git status` clean."""
+  drawn = sorted(_drawn())
+  assert any(p.endswith(".png") for p in drawn) and any(p.endswith(".html") for p in drawn)
+  ignored = set(_git("check-ignore", "--no-index", "--stdin", stdin="\n".join(drawn)).stdout.split("\n"))
+  assert set(drawn) <= ignored, f"not in docs/.gitignore: {sorted(set(drawn) - ignored)}"
+  tracked = set(_git("ls-files", "--cached", "docs").stdout.split("\n"))
+  assert not tracked & set(drawn), f"tracked though drawn: {sorted(tracked & set(drawn))}"
