@@ -8,6 +8,8 @@ Each program runs in its own subprocess (`_child.py`, started by `runner.py`) wi
 - a scrubbed environment (PATH, HOME, TMPDIR, LANG only) and `python -I` (no PYTHON* variables,
   no user site, no script directory on sys.path);
 - its own working directory;
+- a fresh session keyring and a seccomp system-call filter, in every mode (`syscall_filter`: no namespaces,
+  mounts, keyrings, io_uring, bpf, perf, ptrace, modules or kexec; docs/sandbox.md has the attack table);
 - and, where the OS allows, namespaces. The mode is probed once per process (`isolation()`: the
   mode, the namespaces its probe program got of its own, and a one-line description), strongest
   first:
@@ -25,10 +27,10 @@ Each program runs in its own subprocess (`_child.py`, started by `runner.py`) wi
     - cgroup, where the kernel allows: /proc/self/cgroup shows "/" for its own cgroup, not the
       host's paths (where refused, the other namespaces stay and the description says so);
     - mount: its root is a *file view* built for it: read-only bind mounts of the interpreter's
-      prefix, /usr and the /lib links, /etc/ld.so.cache and /dev/null-style devices, its IPC
-      namespace's queues at /dev/mqueue, a size-limited private /tmp holding its working
-      directory, and nothing else of the host (no home directory, no /etc/shadow, no checkout, no
-      jaxloc cache).
+      prefix, /usr and the /lib links, /etc/ld.so.cache, working /dev/null, zero, full, random and
+      urandom nodes, its IPC namespace's queues at /dev/mqueue, size-limited private /dev/shm and /tmp
+      (the latter holding its working directory), and nothing else of the host (no home directory, no
+      /etc/shadow, no checkout, no jaxloc cache).
     The program runs as an unprivileged uid with no capability and no_new_privs.
   - `user_namespace` (non-root with unprivileged user namespaces): the same namespaces and file
     view inside a user namespace; the program keeps the caller's uid (mapped to root inside its
@@ -45,10 +47,10 @@ Each program runs in its own subprocess (`_child.py`, started by `runner.py`) wi
     queues stay reachable (those whose permissions admit any uid can be read and written, and what
     the program creates stays on the host after it), as do the host's hostname and cgroup paths.
     After the run every process of the uid is killed.
-  - `none` (non-root, no user namespaces): rlimits, the scrubbed environment, the Python-level
-    network block and a process-group kill only. Files the caller can write are NOT protected, the
-    host's IPC is reachable as in `uid_only` but with the caller's uid (its own objects included),
-    and a program that calls setsid() can outlive its timeout.
+  - `none` (non-root, no user namespaces): rlimits, the scrubbed environment, the system-call filter,
+    the Python-level network block and a process-group kill only. Files the caller can write are NOT
+    protected, the host's IPC is reachable as in `uid_only` but with the caller's uid (its own objects
+    included), and a program that calls setsid() can outlive its timeout.
 
   The Python-level block replaces `socket.socket` and friends before the program runs; code that
   goes through ctypes gets around it. `isolation()` logs a warning, with the description, for

@@ -10,19 +10,20 @@ Process tree in the namespace modes (the package docstring describes all modes a
              namespace for its children; sets the hostname and the IPC namespace's limits)
       └─ init (pid 1 of the new pid namespace; mounts a fresh /proc; enters the file view; reaps;
                runs no user code)
-           └─ program (drops capabilities and, as root, its uid; sets rlimits; runs the code)
+           └─ program (drops capabilities and, as root, its uid; sets rlimits; joins a fresh session
+                       keyring; installs the system-call filter of syscall_filter.py; runs the code)
 
 With a file view (`config["file_view"]`, the default wherever namespaces work) the launcher builds the
 program's whole file system before forking init: a fresh tmpfs root holding read-only bind mounts of
-what the interpreter needs (its prefix, /usr and the /lib links, /etc/ld.so.cache, a few /dev nodes),
-the IPC namespace's own POSIX message queues at /dev/mqueue, a size-limited writable /tmp for the
-program's directory, and a mount point for the fresh /proc. Init mounts that /proc and only then
-pivots into the root and detaches the host's: in a user namespace the kernel mounts a new proc only
-while the mount namespace still holds a fully visible one (the host's). Nothing else of the host
-exists there: no home directories, no /etc/shadow, no checkout, no cache, no other process. The
-program then needs no capability at all. Without a file view (the fallback) the host's mounts stay
-visible, read-only, with private tmpfs on the world-writable directories and the namespace's own
-queues over /dev/mqueue.
+what the interpreter needs (its prefix, /usr and the /lib links, /etc/ld.so.cache, a few /dev nodes
+that work as devices), the IPC namespace's own POSIX message queues at /dev/mqueue, size-limited
+writable /dev/shm and /tmp (the latter for the program's directory), and a mount point for the fresh
+/proc. Init mounts that /proc and only then pivots into the root and detaches the host's: in a user
+namespace the kernel mounts a new proc only while the mount namespace still holds a fully visible one
+(the host's). Nothing else of the host exists there: no home directories, no /etc/shadow, no checkout,
+no cache, no other process. The program then needs no capability at all. Without a file view (the
+fallback) the host's mounts stay visible, read-only, with private tmpfs on the world-writable
+directories and the namespace's own queues over /dev/mqueue.
 
 The harness kills the launcher's process group on timeout. The init process is in that group;
 the untrusted code cannot move it out (only init or its parent can change its group) nor kill it
@@ -36,6 +37,7 @@ import json
 import os
 import resource
 import runpy
+import stat
 import sys
 import traceback
 
@@ -64,7 +66,10 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41}
 # What of the host a program sees besides the interpreter's prefix (read-only; missing ones skipped).
 VIEW_DIRECTORIES = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin")
 VIEW_FILES = ("/etc/ld.so.cache", "/etc/localtime")
-VIEW_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+VIEW_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")  # bound with devices allowed
+VIEW_DEVICE_LINKS = {"/dev/fd": "/proc/self/fd", "/dev/stdin": "/proc/self/fd/0", "/dev/stdout": "/proc/self/fd/1",
+                     "/dev/stderr": "/proc/self/fd/2"}
+SHARED_MEMORY = "/dev/shm"  # POSIX shared memory and semaphores (multiprocessing's locks): a private tmpfs
 # Per-mount flags a read-only remount must keep (in a user namespace they are locked).
 _KEPT_MOUNT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
                      "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
@@ -88,6 +93,21 @@ IPC_MESSAGE_QUEUES = 32
 IPC_SEMAPHORES = "250 32000 32 128"  # per set, in all, operations per semop, sets
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _load_syscall_filter():
+  """jaxloc/sandbox/syscall_filter.py, loaded by path before any namespace is set up (`python -I` puts neither
+  jaxloc nor this directory on sys.path, and the file view would hide the file)."""
+  import importlib.util
+
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "syscall_filter.py")
+  spec = importlib.util.spec_from_file_location("jaxloc_sandbox_syscall_filter", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+syscall_filter = _load_syscall_filter()
 
 
 def _setup_failed(step):
@@ -124,9 +144,11 @@ def _remount_everything_read_only():
     _mount(None, mount_point, None, flags, None)
 
 
-def _bind_read_only(source, target):
+def _bind_read_only(source, target, device=False):
+  """Binds `source` at `target` read-only; only a `device` node keeps working as one (everything else is nodev).
+  Writing to a device on a read-only mount still works: read-only guards files, not devices."""
   _check(_mount(source, target, None, MS_BIND | MS_REC, None), f"bind {source}")
-  flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+  flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | (0 if device else MS_NODEV)
   with open("/proc/self/mountinfo") as mountinfo:  # keep the locked flags of the source mount
     for fields in (line.split() for line in mountinfo):
       if fields[4] == target:
@@ -148,7 +170,7 @@ def _add_to_view(root, path):
   elif os.path.exists(path):
     with open(target, "a"):
       pass
-    _bind_read_only(path, target)
+    _bind_read_only(path, target, device=stat.S_ISCHR(os.stat(path).st_mode))
 
 
 def _interpreter_paths():
@@ -180,6 +202,12 @@ def _build_file_view(tmpfs_bytes, host_workdir):
   for path in list(VIEW_DIRECTORIES) + _interpreter_paths() + list(VIEW_FILES) + list(VIEW_DEVICES):
     if os.path.lexists(path):
       _add_to_view(root, path)
+  os.makedirs(root + "/dev", mode=0o755, exist_ok=True)
+  for link, target in VIEW_DEVICE_LINKS.items():
+    os.symlink(target, root + link)
+  os.mkdir(root + SHARED_MEMORY, 0o1777)
+  _check(_mount("tmpfs", root + SHARED_MEMORY, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=1777"),
+         f"{SHARED_MEMORY} tmpfs")
   _mount_own_queues(root + POSIX_QUEUES)
   return root
 
@@ -300,6 +328,21 @@ def _drop_privileges(run_uid, file_view):
   _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
+def _restrict_system_calls():
+  """The last step before the program runs, in every mode: a fresh session keyring, then the system-call filter
+  (syscall_filter's docstring lists what it refuses and why)."""
+  try:
+    syscall_filter.join_fresh_session_keyring()
+  except OSError:  # keyrings compiled out, or keyctl refused by the host's own filter: out of reach either way
+    pass
+  _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")  # set already, except in mode "none"
+  try:
+    syscall_filter.install()
+  except (OSError, syscall_filter.UnknownArchitecture) as error:
+    ctypes.set_errno(0)
+    _setup_failed(f"system-call filter: {error}")
+
+
 def _run_program(config, program_path, workdir, base_tasks):
   """Final process: drop privileges, apply limits, run the untrusted code; never returns."""
   limits = config["limits"]
@@ -318,6 +361,7 @@ def _run_program(config, program_path, workdir, base_tasks):
   resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
   if config["block_sockets"]:
     _block_sockets()
+  _restrict_system_calls()
   sys.argv = [program_path]
   sys.path.insert(0, workdir)
   code = 0

@@ -215,6 +215,9 @@ def _run_in_mode(source: str, limits: Limits, mode: Mode) -> ProgramResult:
     stderr_path = os.path.join(workdir, "stderr")
     timed_out = False
     with open(stdout_path, "wb") as stdout_file, open(stderr_path, "wb") as stderr_file:
+      if run_uid is not None:  # the program's own, so that it may reopen them (/dev/stdout)
+        os.fchown(stdout_file.fileno(), run_uid, run_uid)
+        os.fchown(stderr_file.fileno(), run_uid, run_uid)
       try:
         process = subprocess.Popen(
             [sys.executable, "-I", _CHILD_SCRIPT, config_path], stdin=subprocess.DEVNULL,
