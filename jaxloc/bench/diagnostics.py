@@ -13,7 +13,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxloc.heads import head_name
-from jaxloc.localize import methods
 from jaxloc.localize.methods.base import Context, rank_by
 
 
@@ -121,6 +120,6 @@ def _ranks_a_random_design(variant, base, problem) -> bool:
   settings = variant.settings(base, 2, 0)
   if not {"ablation_rate", "lasso_alpha"} <= set(settings.flags()):
     return False  # only such methods are planned here: planning another may train or differentiate
-  plan = methods.get(variant.method).plan(settings, Context(problem.num_layers, problem.num_heads,
-                                                            np.zeros(problem.num_total, bool)))
+  plan = settings.method_object.plan(settings, Context(problem.num_layers, problem.num_heads,
+                                                       np.zeros(problem.num_total, bool)))
   return bool(plan.exchangeable_rows)

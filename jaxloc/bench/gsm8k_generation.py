@@ -37,12 +37,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc.bench.previous_generation import PreviousGenerator
-from jaxloc.engine import stops as stop_strings
+from jaxloc.bench.torch_baselines import ablated_heads
+from jaxloc.engine import batching, stops as stop_strings
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.generator import shared_prefix_length
+from jaxloc.engine.masks import random_masks
 from jaxloc.engine.requests import GenerationRequest
 from jaxloc.models import checkpoints
-from jaxloc.models.config import ModelConfig
+from jaxloc.models.config import ModelConfig, config_to_hf
+from jaxloc.models.torch_reference import ablated_heads as hooked
 from jaxloc.tasks import gsm8k
 
 log = logging.getLogger(__name__)
@@ -135,8 +138,6 @@ def torch_model_from_config(config: ModelConfig, dtype: str | None = None):
   import torch
   from transformers import AutoConfig, AutoModelForCausalLM
 
-  from jaxloc.models.config import config_to_hf
-
   device = "cuda" if torch.cuda.is_available() else "cpu"
   torch_dtype = getattr(torch, dtype or ("bfloat16" if device == "cuda" else "float32"))
   torch.manual_seed(0)
@@ -170,9 +171,6 @@ def torch_generate(model, tokenizer, requests: Sequence[GenerationRequest], keep
   after an untimed warm-up; each row's tokens counted up to its first EOS or stop string (`_emitted`). Requests share
   stops and a cap."""
   import torch
-
-  from jaxloc.bench.torch_baselines import ablated_heads
-  from jaxloc.models.torch_reference import ablated_heads as hooked
 
   stops, cap = tuple(requests[0].stop), requests[0].max_new_tokens
   side = tokenizer.padding_side
@@ -234,8 +232,6 @@ def _rows_per_call(engine: Engine, known: set, masks: int, docs: int, prefix: in
                    max_new: int) -> tuple[int, int, str]:
   """(rows per decode call, rows per mask slot, where from): the layout the generator settled on for this job (the
   one its `_layouts` gained), else the planner's first guess for the same shapes."""
-  from jaxloc.engine import batching
-
   new = [layout for key, layout in engine.generator._layouts.items() if key not in known]
   if new:
     layout, source = new[-1], "the generator's layout"
@@ -301,8 +297,6 @@ def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray,
 def workload(engine: Engine, cfg, torch_model, peak_gflops: float) -> dict[str, Any]:
   """`run` as `experiments.benchmark_throughput` configures it (`ThroughputConfig`'s `gsm8k_*` and `data_dir`):
   random 5-head masks, the memory bandwidth measured here."""
-  from jaxloc.bench.throughput import random_masks
-
   docs, source = load_docs(cfg.gsm8k_docs, cfg.data_dir or None)
   keep = random_masks(engine.model_config, cfg.gsm8k_masks, min(5, engine.model_config.num_head_total))
   bandwidth = memory_bandwidth()

@@ -5,16 +5,14 @@ documents of the target and of every general task (`held_out_drops`)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from jaxloc.bench.problems import Problem
+from jaxloc.bench.variants import MethodRun
 from jaxloc.localize import aliasing, confirm, specificity
 from jaxloc.localize.methods import Measured
-
-if TYPE_CHECKING:
-  from jaxloc.bench.sweep import MethodRun
 
 
 @dataclasses.dataclass

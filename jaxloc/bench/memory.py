@@ -35,10 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloc.engine import batching, planner, scoring
+from jaxloc.engine import batching, generation, planner, scoring
+from jaxloc.engine.generator import CHUNK_STEPS
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.layers import Context
 from jaxloc.models.decoder import Ablation, Transformer
+from jaxloc.tasks.registry import get_task
 
 GIB = planner.GIB
 
@@ -76,8 +78,6 @@ class TaskShape:
 
 def task_shape(name: str, tokenizer, num_samples: int = 100, max_positions: int = 8192) -> TaskShape:
   """The shape of a registered task's scoring requests (its first `num_samples` documents) under `tokenizer`."""
-  from jaxloc.tasks.registry import get_task
-
   task = get_task(name)
   requests = task.requests(task.load_docs(num_samples=num_samples), tokenizer)
   tokenized = scoring.tokenize(tokenizer, requests, max_positions)
@@ -208,8 +208,6 @@ def generation_plan(config: ModelConfig, shape: GenerationShape, dtype, memory_b
 def generation_spans(cache: int) -> tuple[int, ...]:
   """The spans a decode call of a `cache`-wide job is compiled at: the whole cache, and the largest span below it
   (each layer's attention reads that much of its cache, `generation.decode`)."""
-  from jaxloc.engine.generator import CHUNK_STEPS
-
   below = batching.bucket_coarse_below(cache)
   return (cache, below) if below > CHUNK_STEPS else (cache,)
 
@@ -232,9 +230,6 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
     decode_<s>   `decode` of `CHUNK_STEPS` steps reading `s` cache entries (`generation_spans`)
 
   peak: the largest; state: the state's own bytes."""
-  from jaxloc.engine import generation
-  from jaxloc.engine.generator import CHUNK_STEPS
-
   c, sds, i32 = config, jax.ShapeDtypeStruct, jnp.int32
   module = Transformer(c, param_dtype=dtype)
   params, params_size = _params(c, dtype), param_bytes(c, dtype)

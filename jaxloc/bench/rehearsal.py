@@ -16,9 +16,14 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from jaxloc.bench import decode_cost, memory
+from jaxloc.engine import batching, generation, planner
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
+from jaxloc.engine.generator import CHUNK_STEPS
 from jaxloc.localize import methods
+from jaxloc.localize.run import localize
+from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.models import presets
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.decoder import Transformer
@@ -53,9 +58,6 @@ def peak_host_bytes() -> int:
 def rehearse(model: LoadedModel, engine_config: EngineConfig | None = None, output_dir: str | None = None,
              **design: Any) -> dict[str, Any]:
   """Runs one localization (`SMALL_DESIGN`, overridden by `design`) on `model` and reports its costs."""
-  from jaxloc.localize.run import localize
-  from jaxloc.localize.settings import LocalizeSettings
-
   engine = Engine(model, engine_config or EngineConfig())
   directory = output_dir or tempfile.mkdtemp(prefix="jaxloc_rehearsal_")
   values = {**SMALL_DESIGN, **design}
@@ -104,10 +106,6 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   import functools
 
   import jax
-
-  from jaxloc.bench import decode_cost, memory
-  from jaxloc.engine import batching, generation, planner
-  from jaxloc.engine.generator import CHUNK_STEPS
 
   sds = jax.ShapeDtypeStruct
   itemsize = jnp.dtype(dtype).itemsize

@@ -35,11 +35,14 @@ import numpy as np
 from jaxloc.bench import gsm8k_generation
 from jaxloc.bench.torch_baselines import bench_torch_best, bench_torch_reference
 from jaxloc.bench.previous_generation import PreviousGenerator
+from jaxloc.config import setting
 from jaxloc.engine.engine import Engine
+from jaxloc.engine.masks import random_masks
+from jaxloc.engine.peak import matmul_peak
 from jaxloc.engine.requests import GenerationRequest, ScoringRequest
 from jaxloc.localize import designs
-from jaxloc.localize.settings import setting
 from jaxloc.models.config import ModelConfig
+from jaxloc.models.torch_reference import load_hf_model
 from jaxloc.tasks import arithmetic, evaluation
 
 log = logging.getLogger(__name__)
@@ -53,33 +56,6 @@ def few_shot_addition_requests(num_requests: int = 100, shots: int = 4, seed: in
   examples = [pool[i] for i in order[:shots]]
   prefix = "".join(f"{d['prompt']}{d['target']}\n\n" for d in examples)
   return [ScoringRequest(prefix + pool[i]["prompt"], pool[i]["target"]) for i in order[shots:shots + num_requests]]
-
-
-def random_masks(config: ModelConfig, num_masks: int, ablated: int, seed: int = 0) -> np.ndarray:
-  """Keep-masks [M, L, H], each with `ablated` random heads zeroed."""
-  rng = np.random.default_rng(seed)
-  masks = np.ones((num_masks, config.num_layers * config.num_heads), np.float32)
-  for row in masks:
-    row[rng.choice(row.size, ablated, replace=False)] = 0
-  return masks.reshape(num_masks, config.num_layers, config.num_heads)
-
-
-def matmul_peak(shapes: Sequence[tuple[int, int, int]] = ((2048, 2048, 2048),), dtype=jnp.float32,
-                repeats: int = 10) -> dict[str, float]:
-  """Median GFLOP/s of jitted `a @ b` for each (m, k, n)."""
-  result = {}
-  for m, k, n in shapes:
-    a = jnp.ones((m, k), dtype)
-    b = jnp.ones((k, n), dtype)
-    f = jax.jit(lambda x, y: x @ y)
-    f(a, b).block_until_ready()
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      f(a, b).block_until_ready()
-      times.append(time.perf_counter() - start)
-    result[f"{m}x{k}x{n}"] = 2 * m * k * n / float(np.median(times)) / 1e9
-  return result
 
 
 def executed_flops(engine: Engine, requests: Sequence[ScoringRequest]) -> dict[str, float]:
@@ -346,8 +322,6 @@ def run(engine: Engine, cfg: ThroughputConfig) -> dict[str, Any]:
       skip_torch = True
   torch_model = None
   if not skip_torch:
-    from jaxloc.models.torch_reference import load_hf_model
-
     torch_model = load_hf_model(model)
   if cfg.only_gsm8k:
     peak = max(report["matmul_peak_before"].values())

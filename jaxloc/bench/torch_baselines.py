@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxloc.models.torch_reference import ablated_heads as hooked, load_hf_model
+
 
 def ablated_heads(mask: np.ndarray) -> list[tuple[int, int]]:
   """The (layer, head) pairs a keep-mask [L, H] zeroes."""
@@ -32,8 +34,6 @@ def _torch_tokens(tokenizer, requests):
 def bench_torch_reference(model_spec: str, tokenizer, requests, masks: np.ndarray) -> dict[str, Any]:
   """The paper's way: reload per mask, batch 1, full logits."""
   import torch
-
-  from jaxloc.models.torch_reference import ablated_heads as hooked, load_hf_model
 
   rows = _torch_tokens(tokenizer, requests)
   logprob = np.zeros((len(masks), len(rows)), np.float32)
@@ -57,8 +57,6 @@ def bench_torch_reference(model_spec: str, tokenizer, requests, masks: np.ndarra
 def bench_torch_best(model, tokenizer, requests, masks: np.ndarray, batch_size: int = 32) -> dict[str, Any]:
   """Loaded once, batch 32, right padding, LM head and log-softmax only at target positions."""
   import torch
-
-  from jaxloc.models.torch_reference import ablated_heads as hooked
 
   rows = _torch_tokens(tokenizer, requests)
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import jax
 
+from jaxloc.models.loading import default_cache_dir
+
 log = logging.getLogger(__name__)
 
 # JAX's monitoring events of one compile: tracing to a jaxpr, lowering to MLIR, the XLA compile (or, with the
@@ -151,8 +153,6 @@ def use_persistent_cache(setting: str) -> str:
   Every compile is kept, however short (JAX's default keeps only those over a second, so a rerun would still
   compile the rest); the folder is bounded by CACHE_MAX_BYTES where `filelock` is installed."""
   from jax.experimental.compilation_cache import compilation_cache
-
-  from jaxloc.models.loading import default_cache_dir
 
   base = "none" if setting == "none" else (setting or os.path.join(default_cache_dir(), "compilation"))
   directory = None if base == "none" else cache_directory(base)

@@ -24,6 +24,8 @@ refilled as rows end. Every "how many fit" comes from one planner (`planner.py`)
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -81,12 +83,12 @@ class Engine:
     return self.shared.placement.mesh
 
   @property
-  def params(self):
+  def params(self) -> Any:
     """The model's parameters placed on the mesh."""
     return self.shared.placement.params
 
   @property
-  def dtype(self):
+  def dtype(self) -> Any:
     """The activation dtype (`EngineConfig.activation_dtype` resolved)."""
     return self.shared.placement.dtype
 
@@ -95,7 +97,7 @@ class Engine:
     return self.shared.stats
 
   @property
-  def tokenizer(self):
+  def tokenizer(self) -> Any:
     return self.shared.model.tokenizer
 
   @property

@@ -7,9 +7,11 @@ Axes: `masks` M, `layers` L, `heads` H, `mlp` F (neurons per layer), `head_dim` 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import numpy as np
+from numpy.typing import ArrayLike
 
 from jaxloc.errors import UserError
 from jaxloc.models.config import ModelConfig
@@ -23,9 +25,10 @@ class Masks:
   neurons: np.ndarray | None
 
   def __len__(self) -> int:
-    return len(self.heads if self.heads is not None else self.neurons)
+    given = self.heads if self.heads is not None else self.neurons
+    return 0 if given is None else len(given)
 
-  def rows(self, where) -> "Masks":
+  def rows(self, where: Any) -> "Masks":
     return Masks(*(None if m is None else m[where] for m in (self.heads, self.neurons)))
 
   def padded(self, size: int) -> "Masks":
@@ -44,11 +47,11 @@ class Fills:
   neurons: np.ndarray | jax.Array | None = None
 
 
-def check_masks(config: ModelConfig, head_masks, neuron_masks=None) -> Masks:
+def check_masks(config: ModelConfig, head_masks: ArrayLike | None, neuron_masks: ArrayLike | None = None) -> Masks:
   """Head masks [M, L, H] and/or neuron masks [M, L, F] (a single [L, units] mask counts as one) as float32, or a
   UserError naming the shape this model needs."""
   c = config
-  checked = []
+  checked: list[np.ndarray | None] = []
   for kind, given, units in (("head", head_masks, c.num_heads), ("neuron", neuron_masks, c.intermediate_size)):
     if given is None:
       checked.append(None)
@@ -67,10 +70,10 @@ def check_masks(config: ModelConfig, head_masks, neuron_masks=None) -> Masks:
   return Masks(*checked)
 
 
-def check_fills(config: ModelConfig, head_fill, neuron_fill=None) -> Fills:
+def check_fills(config: ModelConfig, head_fill: ArrayLike | None, neuron_fill: ArrayLike | None = None) -> Fills:
   """Mean-ablation values as float32, or a UserError naming the shape this model needs."""
   c = config
-  fills = []
+  fills: list[np.ndarray | None] = []
   for kind, given, expected in (("head", head_fill, (c.num_layers, c.num_heads, c.head_dim)),
                                 ("neuron", neuron_fill, (c.num_layers, c.intermediate_size))):
     if given is None:
@@ -91,3 +94,12 @@ def start_layers(config: ModelConfig, masks: Masks) -> np.ndarray:
     if given is not None:
       touched |= (given != 1).any(axis=2)
   return np.where(touched.any(axis=1), touched.argmax(axis=1), config.num_layers)
+
+
+def random_masks(config: ModelConfig, num_masks: int, ablated: int, seed: int = 0) -> np.ndarray:
+  """Keep-masks [M, L, H], each with `ablated` random heads zeroed (the benchmarks' workloads)."""
+  rng = np.random.default_rng(seed)
+  masks = np.ones((num_masks, config.num_layers * config.num_heads), np.float32)
+  for row in masks:
+    row[rng.choice(row.size, ablated, replace=False)] = 0
+  return masks.reshape(num_masks, config.num_layers, config.num_heads)

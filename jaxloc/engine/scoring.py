@@ -1,4 +1,4 @@
-"""Teacher-forced scoring of many requests under many head and/or neuron masks (`llama.Ablation`).
+"""Teacher-forced scoring of many requests under many head and/or neuron masks (`models.decoder.Ablation`).
 
 Axes: `masks` M (Mb per call), `requests` R (Rb rows per call), `seq` S (suffix tokens per row),
 `context` P (the shared prefix), `targets` T (continuation tokens of a call), `slots` N (requests of a call),
@@ -18,6 +18,7 @@ them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Sequence
 
 import jax
@@ -29,6 +30,8 @@ from jaxloc.engine.requests import ScoringRequest
 from jaxloc.errors import UserError
 from jaxloc.models.layers import Context
 from jaxloc.models.decoder import Ablation, OutputSpec, Resume, lm_logits
+
+log = logging.getLogger(__name__)
 
 # Sharing a prefix shorter than this saves less than the extra call costs.
 MIN_SHARED_PREFIX = 4
@@ -87,11 +90,11 @@ def tokenize(tokenizer, requests: Sequence[ScoringRequest], max_length: int) -> 
   (or lm-eval's HF encoding of the pair as one string, for `joint` requests).
 
   An empty context becomes the BOS (else EOS) token so the first continuation token has a predictor.
-  Sequences over `max_length` lose context tokens from the left, as lm-eval truncates.
+  Sequences over `max_length` lose context tokens from the left, as lm-eval truncates (a warning says how many).
   """
   if tokenizer is None:
     raise UserError("this model directory ships no tokenizer; text requests need one")
-  sequences, starts = [], []
+  sequences, starts, cut = [], [], {}
   fallback = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
   for index, (request, (ctx, cont)) in enumerate(zip(requests, _split_pairs(tokenizer, requests, fallback))):
     if not cont:
@@ -101,10 +104,23 @@ def tokenize(tokenizer, requests: Sequence[ScoringRequest], max_length: int) -> 
     if len(cont) >= max_length:
       raise UserError(f"request {index}: continuation of {len(cont)} tokens does not fit the model's "
                       f"{max_length} positions")
+    if len(ctx) + len(cont) > max_length:
+      cut[index] = len(ctx) + len(cont)
     ctx = ctx[-(max_length - len(cont)):]
     sequences.append(np.asarray(ctx + list(cont), np.int32))
     starts.append(len(ctx))
+  if cut:
+    longest = max(cut, key=cut.get)
+    log.warning("%d of %d requests are longer than the model's %s positions: each keeps only the end of its context "
+                "(cut from the left, as lm-eval does); the longest, request %d (context %s), has %s tokens",
+                len(cut), len(requests), f"{max_length:,}", longest, _opening(requests[longest].context),
+                f"{cut[longest]:,}")
   return TokenizedRequests(sequences, np.asarray(starts))
+
+
+def _opening(text: str, length: int = 40) -> str:
+  """The start of a long text, for a message."""
+  return repr(text[:length] + "…" if len(text) > length else text)
 
 
 def shared_prefix_length(tokenized: TokenizedRequests) -> int:

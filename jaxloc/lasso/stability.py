@@ -15,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc.errors import UserError
+from jaxloc.lasso.fista import prepare
 from jaxloc.lasso.solver import (DEFAULT_MAX_ITER, STATIC_OPTIONS, as_array, check_max_iter, check_xy, path_of,
-                                    prepare, resolve_precision, lasso_cv)
+                                 resolve_precision, lasso_cv)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -121,7 +121,9 @@ def _active_heads(num_heads_total: int, exclude: ExcludeLike,
   return active
 
 
-def _check_rate(ablation_rate, num_active: int) -> float:
+def check_rate(ablation_rate, num_active: int) -> float:
+  """The rate as a float; a UserError unless it is in (0, 1) and ablates at least one of `num_active` heads per mask
+  on average (checked before the model loads too: `preflight.check_layout`)."""
   try:
     rate = float(ablation_rate)
   except (TypeError, ValueError):
@@ -148,7 +150,7 @@ def bernoulli_design(num_masks: int, num_heads_total: int, ablation_rate: float,
   """
   num_masks = _check_count("num_masks", num_masks)
   active = _active_heads(num_heads_total, exclude, num_heads)
-  rate = _check_rate(ablation_rate, active.size)
+  rate = check_rate(ablation_rate, active.size)
   rng = _rng(seed)
   design = np.zeros((num_masks, num_heads_total), dtype=bool)
   design[:, active] = rng.random((num_masks, active.size)) < rate
@@ -170,7 +172,7 @@ def stratified_design(num_masks: int, num_heads_total: int, ablation_rate: float
   num_masks = _check_count("num_masks", num_masks)
   active = _active_heads(num_heads_total, exclude, num_heads)
   n = active.size
-  rate = _check_rate(ablation_rate, n)
+  rate = check_rate(ablation_rate, n)
   k = int(round(rate * n))
   if k >= n:
     raise UserError(

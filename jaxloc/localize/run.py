@@ -7,7 +7,8 @@ their names, `neurons.json` for `heads.json`); below, "heads" stands for either.
 Outputs in `output_dir` (a contract users and scripts rely on): `measurements.npz` (the target's), `heads.json` (or
 `neurons.json`), `coefficients.npy` [layers, units], and after validation `ablation.json`; each general task's measurements
 under the same masks in `general/<task>/measurements.npz` (same contract); `jaxloc.report` draws the plots.
-The runner drives the method through its plan (`methods.base`) and never asks which method it runs.
+The runner drives the method through its plan (`methods.base`) and never asks which method it runs. What a run
+checks and loads before the model loads (settings, tasks, layout, the stores it resumes) is `localize.preflight`.
 
 Documents: every task has identification documents (the design is scored on them) and, when validating,
 held-out documents disjoint from them (`--validation_samples`); every reported drop is held out unless
@@ -19,8 +20,6 @@ Axes: `masks` M, `layers` L, `heads` H, N = L * H flattened (flat = layer * H + 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import time
@@ -31,164 +30,19 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxloc import files
-from jaxloc.errors import UserError
+from jaxloc.engine import peak
 from jaxloc.heads import parse_units, run_file, singular, unit_name, units_per_layer
-from jaxloc.localize import aliasing, confidence, confirm, designs, measurements, methods, specificity, validate
+from jaxloc.localize import aliasing, confidence, confirm, designs, examples, methods, specificity, validate
 from jaxloc.localize.measurements import MeasurementStore
-from jaxloc.localize.methods.base import SCORED_GENERAL_TASKS, SCORED_TARGET
+from jaxloc.localize.preflight import Tasks, check_layout, engine_scoring_settings, load_tasks, store_specs
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.tasks.names import task_label
-from jaxloc.tasks.evaluation import Evaluator, RetainedProbability, load_task_split
+from jaxloc.tasks.evaluation import Evaluator, RetainedProbability
 
 log = logging.getLogger(__name__)
 
 # Masks scored on every task before the next ones: a resumed run re-measures at most this many.
 MASKS_PER_ROUND = 64
-
-
-@dataclasses.dataclass
-class TaskDocs:
-  """A task with its identification and held-out documents, loaded before the model (`load_tasks`)."""
-
-  name: str
-  task: Any
-  docs: list
-  held_out: list
-  metric: str
-
-
-@dataclasses.dataclass
-class Tasks:
-  target: TaskDocs
-  general: list[TaskDocs]
-
-  @property
-  def all(self) -> list[TaskDocs]:
-    return [self.target, *self.general]
-
-
-def load_tasks(settings: LocalizeSettings) -> Tasks:
-  """Checks the settings and loads every task the run needs, so that an unknown task or metric, a missing
-  dataset, too few documents for held-out validation or bad method options are reported before the model
-  loads."""
-  settings.check()
-  held_out = settings.validation_samples if settings.validate else 0
-  task, docs, held = load_task_split(settings.task, settings.task_options, num_samples=settings.num_samples,
-                                     validation_samples=held_out, seed=settings.seed, data_dir=settings.data_dir)
-  metric = settings.metric or task.default_metric
-  if metric not in task.metric_names:
-    why = (" per document (it is aggregated over the whole document set)" if metric in task.aggregate_metric_names
-           else "")
-    raise UserError(f"--metric={metric} is not a metric of {settings.task}{why}; localization can target "
-                    f"{', '.join(task.metric_names) or 'none of its metrics'}")
-  method = methods.get(settings.method)
-  if SCORED_TARGET in method.needs and task.output_type != "loglikelihood":
-    raise UserError(f"--method={settings.method} needs a scored (loglikelihood) task; {settings.task} is a "
-                    f"generation task: use {_methods_without(SCORED_TARGET, settings.unit)}")
-  general = []
-  for name in dict.fromkeys(settings.general_tasks):
-    if name != settings.task:
-      g_task, g_docs, g_held = load_task_split(name, {}, num_samples=settings.general_samples,
-                                               validation_samples=held_out, seed=settings.seed,
-                                               data_dir=settings.data_dir)
-      if SCORED_GENERAL_TASKS in method.needs and g_task.output_type != "loglikelihood":
-        raise UserError(f"--method={settings.method} needs every general task scored (loglikelihood); general task "
-                        f"{name} is a generation task: leave it out of --general_tasks or use "
-                        f"{_methods_without(SCORED_GENERAL_TASKS, settings.unit)}")
-      general.append(TaskDocs(name, g_task, g_docs, g_held, g_task.default_metric))
-  return Tasks(TaskDocs(settings.task, task, docs, held, metric), general)
-
-
-def _methods_without(need: str, unit: str) -> str:
-  """The methods for `unit` that do without `need`."""
-  return ", ".join(name for name in methods.names_for(unit) if need not in methods.get(name).needs)
-
-
-def check_layout(settings: LocalizeSettings, tasks: Tasks, config) -> None:
-  """What the model's layout refuses, found from its config alone (`jaxloc.models.loading.read_config`), so before
-  the model loads: excluded units it does not have, a --top_k above the units there are to select, a --num_masks
-  whose masks and measurements would not fit in host memory."""
-  unit, per_layer = settings.unit, units_per_layer(config, settings.unit)
-  total = config.num_layers * per_layer
-  excluded = parse_units(settings.exclude_heads, config.num_layers, per_layer, unit)
-  selectable = total - len(excluded)
-  if settings.top_k > selectable:
-    less = f" less {len(excluded)} excluded" if excluded else ""
-    raise UserError(f"--top_k={settings.top_k} is more than the {selectable} {unit} there are to select "
-                    f"({config.num_layers} layers × {per_layer}{less}): give at most {selectable}")
-  if "num_masks" in methods.get(settings.method).run_settings:
-    _check_memory(settings.num_masks, total, tasks, unit)
-
-
-def _check_memory(num_masks: int, total: int, tasks: Tasks, unit: str) -> None:
-  """--num_masks refused when its masks and measurements would take more than half the host's memory: per mask and
-  task, its bool mask and every metric per document (float64), twice (a store is copied as it grows), and one float64
-  row of the solver's design matrix."""
-  docs = sum(len(t.task.metric_names) * len(t.docs) for t in tasks.all)
-  per_mask = 2 * (len(tasks.all) * total + 8 * docs) + 8 * total
-  memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  most = memory // 2 // per_mask
-  if num_masks > most:
-    raise UserError(f"--num_masks={num_masks:,} would need about {num_masks * per_mask / 2**30:,.0f} GiB of host "
-                    f"memory ({per_mask:,} bytes per mask: {total:,} {unit} and {len(tasks.all)} tasks' metrics per "
-                    f"document), more than half of this machine's {memory / 2**30:.0f} GiB: give at most {most:,}")
-
-
-def scoring_settings(dtype: str, activation_dtype: str, share_prefix: bool, float32_matmuls: str) -> dict[str, Any]:
-  """The engine settings saved scores depend on, as run.json records them (by flag name): the parameter and
-  activation dtypes, --share_prefix, which in bfloat16 changes scores beyond rounding (SmolLM2 on plurals: a
-  mask's mean log-probability by up to 0.82 and its accuracy by 0.07, more than bfloat16 against float32 changes the
-  log-probability, 0.13; in float32 by 2e-5), and --float32_matmuls where activations are float32 (TF32 on a GPU moves
-  logits by ~3e-4; None otherwise, as the engine then leaves matmul precision alone)."""
-  return {"dtype": dtype, "activation_dtype": activation_dtype, "share_prefix": share_prefix,
-          "float32_matmuls": float32_matmuls if activation_dtype == "float32" else None}
-
-
-def engine_scoring_settings(engine) -> dict[str, Any]:
-  """`scoring_settings` of an engine."""
-  return scoring_settings(np.dtype(engine.model.dtype).name, np.dtype(engine.dtype).name,
-                          engine.config.share_prefix, engine.config.float32_matmuls)
-
-
-@dataclasses.dataclass
-class StoreSpec:
-  """Where a task's measurements go and the settings they are made with (`measurements.MeasurementStore`)."""
-
-  directory: str
-  settings: dict[str, Any]
-  labels: dict[str, str]  # a setting's name in messages, when not --<key>
-
-
-def store_specs(settings: LocalizeSettings, tasks: Tasks, scoring: dict[str, Any]) -> list[StoreSpec]:
-  """The target's store in output_dir and each general task's in general/<task>/, with every setting that changes a
-  score: the run's and its method's, the engine's `scoring_settings`, and a digest of the task's identification
-  documents (an edited task file changes it). Packing, batch sizes and the residual cache are left out: they change
-  scores at the level of rounding (--nopack: a mask's mean log-probability by 6e-6 in float32, 3e-3 in bfloat16,
-  accuracy not at all)."""
-  method = methods.get(settings.method)
-  shared = {**settings.shared_measurement_settings(), **method.measurement_settings(settings), **scoring}
-  specs = []
-  for t in tasks.all:
-    own = {"documents": _digest(t.docs)}
-    labels = {"documents": f"the identification documents of {t.name} (digest)"}
-    directory = settings.output_dir
-    if t is not tasks.target:
-      directory = os.path.join(settings.output_dir, "general", task_label(t.name))
-      own.update(task=t.name, task_options={}, num_samples=settings.general_samples)
-      labels["num_samples"] = "--general_samples"
-    specs.append(StoreSpec(directory, {**shared, **own}, labels))
-  return specs
-
-
-def _digest(docs: list) -> str:
-  return hashlib.sha256(json.dumps(docs, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def check_resume(settings: LocalizeSettings, tasks: Tasks, scoring: dict[str, Any]) -> None:
-  """A UserError when output_dir holds measurements the run's stores would refuse (unreadable, or made with other
-  settings: the message names the flag), found before the model loads; writes nothing."""
-  for spec in store_specs(settings, tasks, scoring):
-    measurements.check_resume(spec.directory, spec.settings, spec.labels)
 
 
 @dataclasses.dataclass
@@ -282,9 +136,11 @@ def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, 
 
 def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress: bool) -> dict[str, Any]:
   tasks = tasks or load_tasks(settings)
-  method = methods.get(settings.method)
+  method = settings.method_object
   timing: dict[str, float] = {}
   start = time.perf_counter()
+  machine = peak.machine_facts(engine.dtype)  # the matmul peak this run's seconds are read against
+  provenance = peak.provenance(engine)  # before measuring: nothing after the measuring may end the run
   compiled_before, compile_before = engine.compile_count, dataclasses.replace(engine.compile_time)
   c = engine.model_config
   check_layout(settings, tasks, c)
@@ -345,12 +201,17 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
   # identification documents when not validating).
   t = time.perf_counter()
   metrics = [m.store.metric for m in measuring]
+  # The bars' totals (ETAs): estimates, raised when exceeded. In-sample with validation: the confirmation (the top-k
+  # together, a few units alone: most were measured by the method) and the top-k's curve.
+  held_out = validate.planned_masks(settings.top_k, settings.curve_k, settings.universal_candidates,
+                                    settings.selection != "raw")
   in_sample = validate.Scorer(identification, metrics,
+                              expected=3 * settings.top_k + 2 if settings.validate else held_out,
                               progress="scoring on identification documents" if progress else None)
   confirming = in_sample
   if settings.validate:
     confirming = validate.Scorer([e.on(td.held_out) for e, td in zip(identification, tasks.all)], metrics,
-                                 progress="scoring on held-out documents" if progress else None)
+                                 progress="scoring on held-out documents" if progress else None, expected=held_out)
   try:
     found = _find_heads(settings, ranking, general_rankings, measuring, excluded, confirming, in_sample, design)
     if settings.validate:
@@ -365,9 +226,10 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
   conf = _confidence(settings, method, context, found, measuring, excluded, progress)
   timing["bootstrap_seconds"] = time.perf_counter() - t
   timing["total_seconds"] = time.perf_counter() - start
+  machine.update(peak.machine_facts(engine.dtype, at="end"))
 
   payload = _heads_json(settings, per_layer, found, excluded, conf, measuring, confirming)
-  payload.update(num_layers=c.num_layers, timing=timing,
+  payload.update(num_layers=c.num_layers, timing=timing, machine=machine, model_provenance=provenance,
                  design=None if design is None else design.facts(lambda h: unit_name(*divmod(int(h), per_layer), unit)),
                  engine={"compilations": engine.compile_count - compiled_before,
                          # tracing, lowering and XLA compiling (or reading a persistent-cache hit back), in seconds
@@ -379,6 +241,8 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
                          "float32_matmuls": engine.shared.matmul_precision,
                          "devices": engine.mesh.size, "processes": jax.process_count()})
   files.write_json(os.path.join(settings.output_dir, run_file(unit)), payload)
+  if settings.validate:  # after the run file: its compile counts and seconds are the localization's alone
+    examples.write(settings.output_dir, confirming, found.selected[:settings.top_k])
   return payload
 
 
@@ -474,6 +338,8 @@ def _heads_json(settings: LocalizeSettings, per_layer: int, found: confirm.Found
   for h in ordered:
     entry = {"name": name(h), "layer": h // per_layer, one: h % per_layer, "score": float(found.ranking.values[h]),
              "estimated_relative_drop": {task_label(k): v for k, v in found.effects.of(h).items()}}
+    if found.ranking.known is not None and not found.ranking.known[h]:
+      entry["measured"] = False  # its value is a placeholder: the method never measured or estimated it
     if conf is not None:
       entry.update(selection_frequency=float(conf.selection_frequency[h]),
                    interval=[float(conf.low[h]), float(conf.high[h])])

@@ -1,17 +1,12 @@
-"""Everything a localization run depends on, and how a settings dataclass becomes flags.
+"""Everything a localization run depends on: `LocalizeSettings`, the run-wide settings (model, task, method, budget,
+selection, validation, bootstrap) and the method's own settings object.
 
-A settings dataclass (`LocalizeSettings`, a method's own, a command's config) declares each field once with
-`setting(default, help, ...)`: its default, help, bounds and choices. Its flags are its fields, named with the
-class's `flag_prefix` (a ClassVar, "" when absent) before the field name; a field made with `nested(Other)` holds
-another settings dataclass and contributes that class's flags under that class's own prefix. So a method whose
-settings have prefix "mask_" and a field `steps` has the flag --mask_steps, and a method that reuses another's
-settings dataclass reuses its flags.
-`jaxloc.cli.define_flags` defines the flags, `build` makes the dataclass back from flag values by name.
-
-`LocalizeSettings` holds the run-wide settings (model, task, method, budget, selection, validation, bootstrap) and
-the method's own settings object (`method_settings`, an instance of `methods.get(method).settings_class`, built from
-the flags or keywords by the registry). Its flags are the run-wide fields plus every registered method's
-(`flag_fields`); `flags()` is the flat record of a run (heads.json `flags`): the run-wide settings and the method's.
+Its fields are `jaxloc.config.setting`s, so they are flags (`jaxloc.config.define_flags`) and keywords. It also holds
+the method: `method` is its name (what heads.json and run.json record), `method_object` the registered method
+(`jaxloc.localize.methods`) resolved once when the settings are made, and `method_settings` an instance of that
+method's `settings_class`, built from the flags or keywords. Its flags are the run-wide fields plus every registered
+method's (`flag_fields`); `flags()` is the flat record of a run (heads.json `flags`): the run-wide settings and the
+method's.
 """
 
 from __future__ import annotations
@@ -19,152 +14,24 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
+from jaxloc.config import SEED, build_declared, check_fields, declared_flag_fields, flag_values, setting
 from jaxloc.errors import UserError
+from jaxloc.localize import methods
+from jaxloc.localize.methods.base import Method
 from jaxloc.models.loading import SMOLLM2_ALIAS
-
-
-def setting(default: Any, help: str | Callable[[], str], **metadata: Any) -> Any:  # noqa: A002 - absl's word
-  """A settings field: default, help text, and optional `lower`/`upper` bounds, `choices`, `type`, for a list the
-  `element` type its flag's values are converted to, and `measured=True` for a method setting that changes what
-  the method measures (a resumed run must match it). Help and choices may be callables, resolved when the flags are
-  defined (e.g. lists that come from the method registry)."""
-  if isinstance(default, (list, dict)):
-    return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help, **metadata})
-  return dataclasses.field(default=default, metadata={"help": help, **metadata})
-
-
-def nested(settings_class: type) -> Any:
-  """A field holding another settings dataclass (at its defaults unless given): its flags are that class's."""
-  return dataclasses.field(default_factory=settings_class, metadata={"nested": settings_class})
-
-
-def resolve(value: Any) -> Any:
-  """A help text or choices given as a callable, called."""
-  return value() if callable(value) else value
-
-
-def default_of(field: dataclasses.Field) -> Any:
-  return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-
-
-def flag_fields(settings_class: type) -> dict[str, dataclasses.Field]:
-  """Every flag of a settings dataclass, by flag name, in field order. A class whose flags are more than its fields
-  (`LocalizeSettings`: the registry's methods add theirs) says so with a `flag_fields` classmethod."""
-  if hasattr(settings_class, "flag_fields"):
-    return settings_class.flag_fields()
-  return declared_flag_fields(settings_class)
-
-
-def declared_flag_fields(settings_class: type) -> dict[str, dataclasses.Field]:
-  """The flags of the class's own fields: prefix + name, a nested class's under its own prefix."""
-  prefix = getattr(settings_class, "flag_prefix", "")
-  out: dict[str, dataclasses.Field] = {}
-  for field in dataclasses.fields(settings_class):
-    inner = field.metadata.get("nested")
-    if inner is not None:
-      out.update(flag_fields(inner))
-    elif field.metadata.get("flag", True):
-      out[prefix + field.name] = field
-  return out
-
-
-def build(settings_class: type, values: Mapping[str, Any]) -> Any:
-  """The settings dataclass from flag values by flag name: a flag not in `values` keeps its default, a name the class
-  has no flag for is ignored. A class that decides more (`LocalizeSettings`) has a `from_flags` classmethod."""
-  if hasattr(settings_class, "from_flags"):
-    return settings_class.from_flags(values)
-  return build_declared(settings_class, values)
-
-
-def build_declared(settings_class: type, values: Mapping[str, Any]) -> Any:
-  prefix = getattr(settings_class, "flag_prefix", "")
-  kwargs = {}
-  for field in dataclasses.fields(settings_class):
-    inner = field.metadata.get("nested")
-    if inner is not None:
-      kwargs[field.name] = build(inner, values)
-    elif field.metadata.get("flag", True) and prefix + field.name in values:
-      kwargs[field.name] = values[prefix + field.name]
-  return settings_class(**kwargs)
-
-
-def flag_values(settings: Any, measured_only: bool = False) -> dict[str, Any]:
-  """{flag name: value} of a settings object (nested ones included); `measured_only`: only the fields marked
-  `measured`."""
-  prefix = getattr(settings, "flag_prefix", "")
-  out: dict[str, Any] = {}
-  for field in dataclasses.fields(settings):
-    value = getattr(settings, field.name)
-    if field.metadata.get("nested") is not None:
-      out.update(flag_values(value, measured_only))
-    elif field.metadata.get("flag", True) and (field.metadata.get("measured") or not measured_only):
-      out[prefix + field.name] = value
-  return out
-
-
-def check_fields(settings: Any) -> None:
-  """UserError naming the flag for a value out of its field's bounds or choices, or a required one missing."""
-  fields = declared_flag_fields(type(settings))
-  values = flag_values(settings)
-  for name, field in fields.items():
-    value, meta = values[name], field.metadata
-    lower, upper = meta.get("lower"), meta.get("upper")
-    if value is None and meta.get("required"):
-      raise UserError(f"--{name} is required")
-    if lower is not None and value is not None and value < lower:
-      raise UserError(f"--{name}={value} must be ≥ {lower:g}")
-    if upper is not None and value is not None and value > upper:
-      raise UserError(f"--{name}={value} must be ≤ {upper:g}")
-    choices = resolve(meta.get("choices"))
-    if choices is not None and value not in choices:
-      raise UserError(f"--{name}={value} must be one of {', '.join(choices)}")
-
-
-def parse_value(name: str, field: dataclasses.Field, text: str) -> Any:
-  """A flag's value from text (a variant token of the efficiency benchmark), as its field's type; UserError naming
-  the flag when the text is not one."""
-  default = default_of(field)
-  kind = field.metadata.get("type", type(default))
-  try:
-    if kind is bool:
-      if text.lower() not in ("true", "false", "1", "0"):
-        raise ValueError(text)
-      return text.lower() in ("true", "1")
-    if kind is list:
-      element = field.metadata.get("element", str)
-      return [element(v) for v in text.split(",")]
-    return kind(text)
-  except ValueError:
-    raise UserError(f"--{name}={text} is not a valid {kind.__name__}") from None
 
 
 def _method_help(text: str, field: str) -> Callable[[], str]:
   """Help for a run-wide setting that methods read: `text` and what it means for each method that reads it."""
 
   def help_text() -> str:
-    from jaxloc.localize import methods
-
     meanings = [f"{name}: {meaning}" for name, meaning in methods.run_setting_meanings(field)]
     return text + (" Per method: " + "; ".join(meanings) + "." if meanings else "")
 
   return help_text
 
 
-def _method_names() -> list[str]:
-  from jaxloc.localize import methods
-
-  return methods.names()
-
-
-def _default_method() -> str:
-  from jaxloc.localize import methods
-
-  return methods.DEFAULT
-
-
 def _unit_help() -> str:
-  from jaxloc.localize import methods
-
   return ("What to localize: attention heads, or MLP neurons (the input of down_proj; methods "
           f"{', '.join(methods.names_for('neurons'))}). Names: L15H13 / L3N117.")
 
@@ -183,8 +50,8 @@ class LocalizeSettings:
   task: str = setting(None, "Registered task name, a custom .jsonl file, or an lm-evaluation-harness task as "
                       "lm_eval:<task name or task .yaml>.", type=str, required=True)
   output_dir: str = setting(None, "Where outputs go (and where a resumed run finds them).", type=str, required=True)
-  method: str = dataclasses.field(default_factory=_default_method, metadata={
-      "help": "Localization method (one of jaxloc.localize.methods.names()).", "choices": _method_names})
+  method: str = setting(methods.DEFAULT, "Localization method (one of jaxloc.localize.methods.names()).",
+                        choices=methods.names)
   unit: str = setting("heads", _unit_help, choices=("heads", "neurons"))
   task_options: dict = setting({}, "Task options as key=value.")
   num_masks: int = setting(300, _method_help("Evaluation budget of the method.", "num_masks"), lower=1)
@@ -193,7 +60,7 @@ class LocalizeSettings:
   top_k: int = setting(5, _method_help("Heads (neurons) reported and validated.", "top_k"), lower=1)
   exclude_heads: list = setting([], "Heads (with --unit=neurons: neurons) never ablated, e.g. L0H1,L1H3 (known "
                                 "universal heads) or L3N117.")
-  seed: int = setting(0, "Seed of the design, the CV folds and the document subset.")
+  seed: int = setting(0, "Seed of the design, the CV folds and the document subset.", **SEED)
   data_dir: str = setting(None, "Directory of offline dataset files (default $JAXLOC_DATA).", type=str)
   ablation: str = setting("zero", "Zero ablation or mean ablation.", choices=("zero", "mean"))
   validate: bool = setting(True, "Ablate the selected heads on held-out documents of the task and the general tasks.")
@@ -227,41 +94,39 @@ class LocalizeSettings:
   # The method's own settings (an instance of its `settings_class`); None: its defaults. Not a flag itself: its
   # fields are the method's flags.
   method_settings: Any = dataclasses.field(default=None, metadata={"flag": False})
+  # The registered method `method` names, resolved once here (call sites use it; `method` is what runs record).
+  method_object: Method = dataclasses.field(init=False, repr=False, compare=False, metadata={"flag": False})
 
   def __post_init__(self) -> None:
-    from jaxloc.localize import methods
-
-    if self.method_settings is None and self.method in methods.names():
-      self.method_settings = methods.get(self.method).settings_class()
+    self.method_object = methods.get(self.method)
+    _check_composable(self.method_object)
+    if self.method_settings is None:
+      self.method_settings = self.method_object.settings_class()
 
   @classmethod
   def flag_fields(cls) -> dict[str, dataclasses.Field]:
     """The run-wide flags, then every registered method's (`jaxloc.localize.methods.flag_fields`)."""
-    from jaxloc.localize import methods
-
+    for name in methods.names():
+      _check_composable(methods.get(name))
     return {**declared_flag_fields(cls), **methods.flag_fields()}
 
   @classmethod
   def from_flags(cls, values: Mapping[str, Any]) -> "LocalizeSettings":
     """From flag values by name (e.g. every parsed flag): the run-wide ones, and the flags of the method that
     `values["method"]` names; other names, other methods' flags included, are ignored."""
-    from jaxloc.localize import methods
-
     run_wide = declared_flag_fields(cls)
-    method = methods.get(values.get("method", default_of(run_wide["method"])))
+    method = methods.get(values.get("method", methods.DEFAULT))
     return cls(**{f.name: values[name] for name, f in run_wide.items() if name in values},
-               method_settings=build(method.settings_class, values))
+               method_settings=build_declared(method.settings_class, values, method.flag_prefix))
 
   @classmethod
   def make(cls, **values: Any) -> "LocalizeSettings":
     """From flag names as keywords (`jaxloc.run_localization`'s): the run-wide settings and the method's own (e.g.
     `mask_steps=30` for a method with prefix "mask_"). A name that is neither is a UserError listing the valid
     ones."""
-    from jaxloc.localize import methods
-
     run_wide = declared_flag_fields(cls)
-    method = methods.get(values.get("method", default_of(run_wide["method"])))
-    own = set(flag_fields(method.settings_class))
+    method = methods.get(values.get("method", methods.DEFAULT))
+    own = set(method.flag_fields())
     unknown = sorted(set(values) - set(run_wide) - own)
     if unknown:
       others = {name: methods.owners(name) for name in unknown if methods.owners(name)}
@@ -281,19 +146,17 @@ class LocalizeSettings:
 
   def flags(self) -> dict[str, Any]:
     """Every setting of the run by flag name: the run-wide ones and the method's (heads.json `flags`)."""
-    return {**self.run_wide_flags(), **(flag_values(self.method_settings) if self.method_settings is not None
-                                        else {})}
+    return {**self.run_wide_flags(), **flag_values(self.method_settings, prefix=self.method_object.flag_prefix)}
 
   def check(self) -> None:
-    """The run-wide settings' bounds, the method's settings' bounds, then the method's own checks."""
-    from jaxloc.localize import methods
-
+    """The run-wide settings' rule (`jaxloc.config.problem`), the method's settings' rule, then the method's own
+    checks."""
     check_fields(self)
-    method = methods.get(self.method)
+    method = self.method_object
     if not isinstance(self.method_settings, method.settings_class):
       raise TypeError(f"method_settings is a {type(self.method_settings).__name__}, not {method.name}'s "
                       f"{method.settings_class.__name__} (change the method with LocalizeSettings.replace)")
-    check_fields(self.method_settings)
+    check_fields(self.method_settings, method.flag_prefix)
     if self.unit not in method.units:
       raise UserError(f"--method={self.method} localizes {' or '.join(method.units)}, not {self.unit}; with "
                       f"--unit={self.unit} use " + ", ".join(methods.names_for(self.unit)))
@@ -303,3 +166,14 @@ class LocalizeSettings:
     """The settings that make any method's measurements what they are (a method adds its own)."""
     return {k: getattr(self, k) for k in ("model", "task", "task_options", "method", "unit", "num_samples", "seed",
                                           "exclude_heads", "ablation", "data_dir")}
+
+
+def _check_composable(method: Method) -> None:
+  """ValueError when a registered method cannot be part of the run settings: a flag of its own under a run-wide
+  setting's name, or a run-wide setting it reads that is none."""
+  run_wide = declared_flag_fields(LocalizeSettings)
+  problems = [f"flag --{name} is taken by the run-wide settings" for name in method.flag_fields() if name in run_wide]
+  problems += [f"run setting {name!r} is no LocalizeSettings field" for name in method.run_settings
+               if name not in run_wide]
+  if problems:
+    raise ValueError(f"method {method.name!r} cannot be run: " + "; ".join(problems))

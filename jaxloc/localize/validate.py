@@ -71,9 +71,12 @@ class Scorer:
   evaluated once: the unablated model, a head that is both checked alone and first in a curve, and the prefix
   two curves share are measured one time however many reports use them."""
 
-  def __init__(self, eval_sets: Sequence[Evaluator], metrics: Sequence[str], progress: str | None = None):
-    """`progress`: a description, to show a progress bar of the masks scored (per task), or None."""
+  def __init__(self, eval_sets: Sequence[Evaluator], metrics: Sequence[str], progress: str | None = None,
+               expected: int | None = None):
+    """`progress`: a description, to show a progress bar of the masks scored (per task), or None; `expected`: how many
+    distinct masks the caller plans to score (`planned_masks`), the bar's total and ETA (raised if exceeded)."""
     self.eval_sets, self.metrics = list(eval_sets), list(metrics)
+    self.expected = expected
     self._cache: list[dict[bytes, np.ndarray]] = [{} for _ in self.eval_sets]  # mask bytes -> float [docs]
     self._progress = progress
     self._bar: tqdm | None = None
@@ -102,7 +105,10 @@ class Scorer:
         cache.update(zip((keys[i] for i in todo), values))
         if self._progress:
           if self._bar is None:
-            self._bar = tqdm(desc=self._progress, unit="task·mask", dynamic_ncols=True)
+            total = self.expected * len(self.eval_sets) if self.expected else None
+            self._bar = tqdm(desc=self._progress, unit="task·mask", total=total, dynamic_ncols=True)
+          if self._bar.total is not None and self._bar.n + len(todo) > self._bar.total:
+            self._bar.total = self._bar.n + len(todo)  # more than planned: the total follows
           self._bar.update(len(todo))
           self._bar.set_postfix_str(task_label(eval_set.name), refresh=True)
     return [np.stack([cache[key] for key in keys]) for cache in self._cache]
@@ -110,12 +116,23 @@ class Scorer:
   def close(self) -> None:
     """Ends the progress bar (the scores stay cached)."""
     if self._bar is not None:
+      if self._bar.total is not None:
+        self._bar.total = self._bar.n  # the estimate met: the bar ends full
+        self._bar.refresh()
       self._bar.close()
       self._bar = None
 
   def means(self, keep: np.ndarray) -> list[np.ndarray]:
     """Per eval set, float [masks]: its metric under each keep-mask, averaged over the documents."""
     return [values.mean(axis=1) for values in self.per_doc(keep)]
+
+
+def planned_masks(top_k: int, curve_k: int, candidates: int, raw_curve: bool) -> int:
+  """About how many distinct masks a run's checks score on the held-out documents: the unablated model, `candidates`
+  universal candidates and the first `curve_k` selected units alone, the selection's curve and half of the raw
+  ranking's (whose first units are mostly the selection's). An estimate for a progress bar's total and ETA."""
+  curve = len(curve_points(max(curve_k, top_k), [top_k]))
+  return 1 + candidates + curve_k + curve + (curve // 2 if raw_curve else 0)
 
 
 def drop_interval(per_doc: np.ndarray, seed: int = 0) -> np.ndarray:

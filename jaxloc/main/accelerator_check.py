@@ -48,9 +48,21 @@ import tempfile
 import time
 from typing import Any, Callable
 
+import numpy as np
+
 from jaxloc import cli, files
+from jaxloc.bench import gsm8k_generation, memory, rehearsal, throughput
+from jaxloc.config import setting
+from jaxloc.engine import planner
+from jaxloc.engine.config import EngineConfig
+from jaxloc.engine.engine import Engine
+from jaxloc.engine.masks import random_masks
+from jaxloc.engine.peak import matmul_peak
 from jaxloc.errors import UserError
-from jaxloc.localize.settings import setting
+from jaxloc.models import presets
+from jaxloc.models.config import config_from_hf
+from jaxloc.models.decoder import Ablation, lm_logits
+from jaxloc.models.loading import SMOLLM2_ALIAS, load_model, load_tokenizer, resolve
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +99,11 @@ def _tokenizer(config: AcceleratorCheckConfig):
     if not os.path.isdir(config.tokenizer):
       raise UserError(f"--tokenizer={config.tokenizer} is not a folder; write one with --pack=DIR here")
     return AutoTokenizer.from_pretrained(config.tokenizer)
-  from jaxloc.models.loading import SMOLLM2_ALIAS, load_tokenizer, resolve
-
   return load_tokenizer(*resolve(SMOLLM2_ALIAS))
 
 
 def _models(config: AcceleratorCheckConfig, tokenizer, dtype) -> list:
   """The step's models: the presets, or one tiny model with --small."""
-  from jaxloc.bench import rehearsal
-  from jaxloc.models import presets
-
   if config.small:
     return [rehearsal.random_model("tiny", rehearsal.tiny_config(len(tokenizer), tokenizer.eos_token_id), dtype,
                                    tokenizer)]
@@ -106,8 +113,6 @@ def _models(config: AcceleratorCheckConfig, tokenizer, dtype) -> list:
 def _peaks(small: bool) -> dict[str, float]:
   import jax
   import jax.numpy as jnp
-
-  from jaxloc.bench.throughput import matmul_peak
 
   size = 256 if small else (8192 if jax.default_backend() != "cpu" else 2048)
   return {name: max(matmul_peak(((size, size, size),), dtype).values())
@@ -146,12 +151,7 @@ def step_parity(config: AcceleratorCheckConfig) -> dict[str, Any]:
   (`EngineConfig.float32_matmuls`): JAX's own default on a GPU is TF32, which measured 3.3e-4 on an H100."""
   import jax
   import jax.numpy as jnp
-  import numpy as np
   import transformers
-
-  from jaxloc.engine.config import EngineConfig
-  from jaxloc.models.decoder import Ablation, lm_logits
-  from jaxloc.models.loading import load_model
 
   try:
     import torch
@@ -173,9 +173,6 @@ def step_parity(config: AcceleratorCheckConfig) -> dict[str, Any]:
               p.add_(0.1 * torch.randn_like(p))  # random init leaves them at 0 and 1, where a bug would hide
         reference.save_pretrained(directory)
       else:
-        from jaxloc.bench import rehearsal
-        from jaxloc.models.config import config_from_hf
-
         reference = None
         hf_model = config_from_hf(hf_config.to_dict())
       tokens = rng.integers(0, hf_config.vocab_size, size=(2, 48))
@@ -206,10 +203,6 @@ def step_parity(config: AcceleratorCheckConfig) -> dict[str, Any]:
 def step_throughput(config: AcceleratorCheckConfig) -> dict[str, Any]:
   import jax.numpy as jnp
 
-  from jaxloc.bench import throughput
-  from jaxloc.engine.config import EngineConfig
-  from jaxloc.engine.engine import Engine
-
   tokenizer = _tokenizer(config)
   peaks = _peaks(config.small)
   result: dict[str, Any] = {"matmul_peak_gflops": peaks, "workload": "4-shot 2-digit addition (shared prefix), "
@@ -218,7 +211,7 @@ def step_throughput(config: AcceleratorCheckConfig) -> dict[str, Any]:
   for model in _models(config, tokenizer, jnp.bfloat16):
     engine = Engine(model, EngineConfig())
     requests = throughput.few_shot_addition_requests(num_requests)
-    masks = throughput.random_masks(model.config, num_masks, min(27, model.config.num_head_total // 2))
+    masks = random_masks(model.config, num_masks, min(27, model.config.num_head_total // 2))
     scoring = throughput.bench_jaxloc(engine, requests, masks, model.name)
     generation = throughput.bench_generation(
         engine, None, [r.context for r in throughput.few_shot_addition_requests(prompts, 0, seed=1)], new_tokens)
@@ -240,11 +233,6 @@ def step_memory(config: AcceleratorCheckConfig) -> dict[str, Any]:
   XLA's bytes against the planner's estimate (`jaxloc.bench.memory`)."""
   import jax.numpy as jnp
 
-  from jaxloc.bench import memory, rehearsal
-  from jaxloc.engine import planner
-  from jaxloc.engine.config import EngineConfig
-  from jaxloc.models import presets
-
   tokenizer = _tokenizer(config)
   shape = memory.TaskShape("4-shot addition", 8 if config.small else 100, 12.0, 16, 60, 2)
   resolved = planner.resolve(EngineConfig(), jnp.bfloat16)
@@ -264,9 +252,6 @@ def step_memory(config: AcceleratorCheckConfig) -> dict[str, Any]:
 def step_rehearsal(config: AcceleratorCheckConfig) -> dict[str, Any]:
   import jax.numpy as jnp
 
-  from jaxloc.bench import rehearsal
-  from jaxloc.models import presets
-
   tokenizer = _tokenizer(config)
   if config.small:
     model_config, name = rehearsal.tiny_config(len(tokenizer), tokenizer.eos_token_id), "tiny"
@@ -282,11 +267,6 @@ def step_generation(config: AcceleratorCheckConfig) -> dict[str, Any]:
   masks x 16 tokens); `transformers.generate` first, so that it finds the GPU's memory free."""
   import jax.numpy as jnp
 
-  from jaxloc.bench import gsm8k_generation, rehearsal, throughput
-  from jaxloc.engine.config import EngineConfig
-  from jaxloc.engine.engine import Engine
-  from jaxloc.models import presets
-
   tokenizer = _tokenizer(config)
   if config.small:
     name, model_config = "tiny", rehearsal.tiny_config(len(tokenizer), tokenizer.eos_token_id)
@@ -296,7 +276,7 @@ def step_generation(config: AcceleratorCheckConfig) -> dict[str, Any]:
     num_docs, num_masks, previous_masks, torch_masks, new_tokens = 100, 8, 1, 2, 256
   docs, questions = gsm8k_generation.load_docs(num_docs)
   requests = gsm8k_generation.gsm8k_requests(docs, new_tokens)
-  keep = throughput.random_masks(model_config, num_masks, 5)
+  keep = random_masks(model_config, num_masks, 5)
   result: dict[str, Any] = {"model": name, "dtype": "bfloat16",
                             "note": "random weights: rows rarely meet a stop string or EOS, so nearly every row runs "
                                     "to the cap (an upper bound on GSM8K's work)"}
@@ -358,8 +338,6 @@ def wheels() -> list[dict[str, Any]]:
 
 def pack(directory: str) -> dict[str, Any]:
   """The kit's travelling parts: the SmolLM2 tokenizer saved as a folder, and wheels.json."""
-  from jaxloc.models.loading import SMOLLM2_ALIAS, load_tokenizer, resolve
-
   tokenizer_dir = os.path.join(directory, "tokenizer")
   load_tokenizer(*resolve(SMOLLM2_ALIAS)).save_pretrained(tokenizer_dir)
   size = sum(os.path.getsize(os.path.join(root, f)) for root, _, names in os.walk(tokenizer_dir) for f in names)

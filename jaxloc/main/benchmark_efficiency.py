@@ -7,7 +7,7 @@ Writes efficiency.json, efficiency.md (tables), efficiency.png (recall and top-k
 evaluations) and, with --noise_floor, efficiency_diagnostics.png (how well-defined greedy's top-k is,
 how saturated the designs are) to --output_dir, and keeps every measured mask under --output_dir/cache: a re-run (or a
 run killed and started again) reuses them. --methods names registered methods with setting tokens
-(`jaxloc.bench.sweep.parse_variant`, e.g. a method's own flag as `mask_steps=30`).
+(`jaxloc.bench.variants.parse_variant`, e.g. a method's own flag as `mask_steps=30`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import logging
 
 from jaxloc import cli
 from jaxloc.bench import sweep
-from jaxloc.localize.settings import nested, setting
+from jaxloc.config import nested, setting
+from jaxloc.main import engine_flags
 from jaxloc.report import efficiency
 
 
@@ -36,7 +37,7 @@ def main(config: BenchmarkEfficiencyConfig) -> None:
     print(efficiency.write_outputs(report, cfg.output_dir, cfg.top_k))
     return
   cfg.methods = cfg.methods or sweep.default_variants(config.synthetic)
-  report = sweep.run(cfg, synthetic=config.synthetic, engine_factory=cli.engine_from_flags)
+  report = sweep.run(cfg, synthetic=config.synthetic, engine_factory=engine_flags.engine_from_flags)
   print(efficiency.write_outputs(report, cfg.output_dir, cfg.top_k))
   logging.info("config: %s", dataclasses.asdict(cfg))
 

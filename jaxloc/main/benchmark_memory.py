@@ -31,8 +31,9 @@ import jax.numpy as jnp
 
 from jaxloc import cli, files
 from jaxloc.bench import decode_cost, memory
+from jaxloc.config import setting
 from jaxloc.errors import UserError
-from jaxloc.localize.settings import setting
+from jaxloc.models.loading import load_model
 from jaxloc.models.presets import PRESETS
 
 
@@ -80,8 +81,6 @@ def main(config: BenchmarkMemoryConfig) -> None:
 
 def scoring(config: BenchmarkMemoryConfig) -> dict:
   """The scoring calls planned per preset and task shape against XLA, the corners, and the batches per device."""
-  from jaxloc.models.loading import load_model
-
   tokenizer = load_model("smollm2-135m").tokenizer
   shapes = [memory.task_shape(name, tokenizer) for name in config.tasks]
   shapes += list(memory.LONG_SHAPES) if config.long_shapes else []

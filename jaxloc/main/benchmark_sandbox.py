@@ -3,7 +3,8 @@
     python -m experiments.benchmark_sandbox --output_json=benchmark_sandbox.json
 
 Each mode runs the same trivial programs through the shipped sandbox (`jaxloc.bench.sandbox_overhead`); modes this
-machine cannot run are reported as unavailable.
+machine cannot run are reported as unavailable. Nothing this module imports starts JAX, whose threads and memory in
+the measuring process would be part of what is measured (a test holds it to that).
 """
 
 from __future__ import annotations
@@ -12,16 +13,9 @@ import dataclasses
 
 from jaxloc import cli, sandbox
 from jaxloc.bench import sandbox_overhead
+from jaxloc.config import setting
 from jaxloc.errors import UserError
 from jaxloc.files import write_json
-
-
-def setting(default, help, **metadata):  # noqa: A002 - absl's word for it
-  """A flag field as `jaxloc.localize.settings.setting` makes one; written here because importing that module
-  imports JAX, whose threads and memory in the measuring process would be part of what is measured."""
-  if isinstance(default, list):
-    return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help, **metadata})
-  return dataclasses.field(default=default, metadata={"help": help, **metadata})
 
 
 @dataclasses.dataclass

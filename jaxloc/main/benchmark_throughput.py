@@ -13,7 +13,8 @@ import dataclasses
 
 from jaxloc import cli, files
 from jaxloc.bench import throughput
-from jaxloc.localize.settings import setting
+from jaxloc.config import setting
+from jaxloc.main import engine_flags
 
 
 @dataclasses.dataclass
@@ -22,7 +23,7 @@ class BenchmarkThroughputConfig(throughput.ThroughputConfig):
 
 
 def main(config: BenchmarkThroughputConfig) -> dict:
-  engine = cli.engine_from_flags()
+  engine = engine_flags.engine_from_flags()
   report = throughput.run(engine, config)
   print(throughput.format_table(report))
   files.write_json(config.output_json, report)

@@ -14,8 +14,8 @@ import dataclasses
 
 from jaxloc import cli, files
 from jaxloc.api import read_run
+from jaxloc.config import setting
 from jaxloc.errors import UserError
-from jaxloc.localize.settings import setting
 from jaxloc.report import agreement
 
 

@@ -17,8 +17,9 @@ import os
 
 from jaxloc import cli, files
 from jaxloc.api import read_run
+from jaxloc.config import SEED, setting
 from jaxloc.errors import UserError
-from jaxloc.localize.settings import setting
+from jaxloc.main import engine_flags
 from jaxloc.report import heads_vs_neurons as report
 from jaxloc.studies import heads_vs_neurons
 
@@ -32,7 +33,7 @@ class CompareUnitsConfig:
   head_counts: list = setting([1, 3, 5, 10], "Budgets in heads; each is compared with head_dim times as many "
                               "neurons.", element=int)
   draws: int = setting(3, "Random sets of heads and of neurons per budget.", lower=0)
-  seed: int = setting(0, "Seed of the random sets.")
+  seed: int = setting(0, "Seed of the random sets.", **SEED)
   ablation: str = setting("zero", "Zero ablation, or each unit's mean over the documents.", choices=("zero", "mean"))
   output_dir: str = setting(None, "Where compare_units.json and compare_units.png go.", type=str, required=True)
 
@@ -45,7 +46,7 @@ def main(config: CompareUnitsConfig) -> dict:
   if cli.FLAGS["model"].present and cli.FLAGS.model != model:
     raise UserError(f"the runs localized {model}; --model={cli.FLAGS.model} would compare another model's units")
   cli.FLAGS.model = model
-  engine = cli.engine_from_flags()
+  engine = engine_flags.engine_from_flags()
   heads, neurons = (heads_vs_neurons.read_ranking(run, engine.model_config) for run in runs)
   result = heads_vs_neurons.compare(engine, heads, neurons, tasks, config.head_counts, config.draws, config.seed,
                                     config.ablation)

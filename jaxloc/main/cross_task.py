@@ -14,7 +14,7 @@ import dataclasses
 import os
 
 from jaxloc import cli, files
-from jaxloc.localize.settings import setting
+from jaxloc.config import setting
 from jaxloc.report import cross_task
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 
 from jaxloc import cli, files
+from jaxloc.config import SEED, setting
 from jaxloc.errors import UserError
 from jaxloc.evaluate import evaluate_heads
 from jaxloc.heads import parse_units, units_per_layer
-from jaxloc.localize.settings import setting
+from jaxloc.main import engine_flags
 from jaxloc.models.loading import read_config
 from jaxloc.tasks.evaluation import load_task
 
@@ -29,7 +30,7 @@ class EvaluateConfig:
   ablation: str = setting("zero", "Zero the heads (neurons), or replace them by their mean output over the evaluated "
                           "prompts.", choices=("zero", "mean"))
   num_samples: int = setting(None, "Documents to evaluate (seeded subset); default all.", type=int, lower=1)
-  seed: int = setting(0, "Seed of the document subset.")
+  seed: int = setting(0, "Seed of the document subset.", **SEED)
   data_dir: str = setting(None, "Directory of offline dataset files (default $JAXLOC_DATA).", type=str)
   output_json: str = setting(None, "Where to write the result.", type=str)
   curve: bool = setting(False, "Treat --heads (--neurons) as a ranking: evaluate the unablated model and the top-1, "
@@ -52,7 +53,7 @@ def main(config: EvaluateConfig) -> dict:
     parse_units(config.neurons or config.heads, model_config.num_layers, units_per_layer(model_config, unit), unit)
   if config.output_json:
     files.check_writable(config.output_json, "--output_json")
-  engine = cli.engine_from_flags()
+  engine = engine_flags.engine_from_flags()
   result = evaluate_heads(engine, config.task, heads=config.heads, ablation=config.ablation,
                           num_samples=config.num_samples, seed=config.seed, data_dir=config.data_dir,
                           task_options=config.task_options, progress=config.progress, curve=config.curve,

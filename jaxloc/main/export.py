@@ -19,10 +19,15 @@ import os
 from typing import Any
 
 from jaxloc import cli
+from jaxloc.api import read_run
+from jaxloc.config import setting
+from jaxloc.engine.engine import Engine
 from jaxloc.errors import UserError
 from jaxloc.heads import parse_units, singular, units_per_layer
-from jaxloc.localize.settings import setting
 from jaxloc.models import packaged
+from jaxloc.models.export import check_bias_holds, fold_ablation, write_hf_checkpoint
+from jaxloc.models.loading import load_model
+from jaxloc.tasks.evaluation import load_task, mean_ablation_values
 
 # What parse_units checks before the model (and so its size) is known: the names' form only.
 _ANY_SIZE = 1 << 30
@@ -64,8 +69,6 @@ class Edit:
 
 def _edit(config: ExportConfig) -> Edit:
   """The edit the flags ask for; every mistake a user can make in them is reported here, before any model loads."""
-  from jaxloc.api import read_run
-
   if config.run_dir is None:
     if config.heads and config.neurons:
       raise UserError("give --heads or --neurons, not both")
@@ -105,8 +108,6 @@ def _check_output(config: ExportConfig) -> None:
 def _run_documents(edit: Edit):
   """(task, documents) the run's own mean ablation averaged over: its target task's identification documents (loaded
   before the model, so a missing dataset is reported first)."""
-  from jaxloc.tasks.evaluation import load_task
-
   flags = edit.run.info.get("flags", {})
   return load_task(flags.get("task", edit.run.info["task"]), flags.get("task_options") or {},
                    num_samples=flags.get("num_samples"), seed=flags.get("seed", 0), data_dir=flags.get("data_dir"))
@@ -114,11 +115,6 @@ def _run_documents(edit: Edit):
 
 def main(config: ExportConfig) -> str:
   import jax.numpy as jnp
-
-  from jaxloc.engine.engine import Engine
-  from jaxloc.models.export import check_bias_holds, fold_ablation, write_hf_checkpoint
-  from jaxloc.models.loading import load_model
-  from jaxloc.tasks.evaluation import mean_ablation_values
 
   edit = _edit(config)
   _check_output(config)

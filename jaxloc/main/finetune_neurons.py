@@ -17,11 +17,12 @@ import numpy as np
 
 from jaxloc import cli, files
 from jaxloc.api import read_run
+from jaxloc.config import SEED, setting
 from jaxloc.engine.engine import Engine
 from jaxloc.errors import UserError
 from jaxloc.heads import parse_units, units_per_layer
 from jaxloc.localize.run import load_tasks
-from jaxloc.localize.settings import setting
+from jaxloc.main import engine_flags
 from jaxloc.studies import finetune
 from jaxloc.studies.heads_vs_neurons import run_settings
 from jaxloc.tasks.evaluation import Evaluator
@@ -37,7 +38,7 @@ class FinetuneNeuronsConfig:
   steps: int = setting(30, "Full-batch Adam steps.", lower=1)
   learning_rate: float = setting(1e-5, "Adam's learning rate (CNL's: 1e-5).", lower=0.0)
   draws: int = setting(1, "Random neuron sets of the same size, trained the same way.", lower=0)
-  seed: int = setting(0, "Seed of the random sets.")
+  seed: int = setting(0, "Seed of the random sets.", **SEED)
   output_json: str = setting(None, "Where to write the result.", type=str)
   progress: bool = setting(True, "Show progress bars.")
 
@@ -61,7 +62,7 @@ def main(config: FinetuneNeuronsConfig) -> dict:
   if not tasks.target.held_out:
     raise UserError(f"{config.neurons_run} did not validate, so it kept no held-out documents")
   cli.FLAGS.model = run.info["model"]
-  engine = cli.engine_from_flags()
+  engine = engine_flags.engine_from_flags()
   located = (run.info.get("solver") or {}).get("located_neurons")
   count = config.count or located or len(run.top_k)
   c = engine.model_config

@@ -2,7 +2,7 @@
 
     python -m experiments.localize --flagfile=experiments/configs/smollm2_default.flags
     python -m experiments.localize --flagfile=experiments/configs/smollm2_plurals_cnl.flags  # neurons, CNL
-    jaxloc-localize --flagfile=experiments/configs/smollm2_learned_mask.flags  # the same command, installed
+    jaxloc-localize --flagfile=smollm2_learned_mask  # installed: a packaged flagfile by name (jaxloc.configs)
 
 Writes measurements.npz (the target's; each general task's under the same masks in general/<task>/),
 heads.json (neurons.json), coefficients.npy, heatmap.png (neurons_per_layer.png), ablation.json (held-out
@@ -23,10 +23,12 @@ from absl import flags
 
 from jaxloc import cli, files
 from jaxloc.api import run_localization
+from jaxloc.config import nested, setting
 from jaxloc.engine.config import EngineConfig
 from jaxloc.localize import methods
-from jaxloc.localize.run import check_layout, check_resume, load_tasks, scoring_settings
-from jaxloc.localize.settings import LocalizeSettings, nested, setting
+from jaxloc.localize.preflight import check_layout, check_resume, load_tasks, saved_masks, scoring_settings
+from jaxloc.localize.settings import LocalizeSettings
+from jaxloc.main import engine_flags
 from jaxloc.models.loading import default_dtype, read_config
 from jaxloc.report.summary import summary_table
 
@@ -45,14 +47,14 @@ def main(config: LocalizeConfig) -> None:
   check_layout(settings, tasks, read_config(settings.model))
   with files.hold_run_directory(settings.output_dir):
     check_resume(settings, tasks, _flag_scoring_settings())
-    engine = cli.engine_from_flags()
+    engine = engine_flags.engine_from_flags()
     run = run_localization(engine, settings=settings, tasks=tasks, progress=config.progress)
   print(summary_table(run.info, run.ablation))
   print(f"outputs in {settings.output_dir}")
 
 
 def _flag_scoring_settings() -> dict[str, Any]:
-  """`run.scoring_settings` of the engine that `cli.engine_from_flags` builds, from the flags alone."""
+  """`preflight.scoring_settings` of the engine that `engine_flags.engine_from_flags` builds, from the flags alone."""
   model_flags, engine_config = cli.settings_from_flags(cli.ModelFlags), cli.settings_from_flags(EngineConfig)
   dtype = np.dtype(default_dtype()).name if model_flags.dtype == "auto" else model_flags.dtype
   activation = dtype if engine_config.activation_dtype == "auto" else engine_config.activation_dtype
@@ -76,6 +78,18 @@ def config_from_flags() -> LocalizeConfig:
   return config
 
 
+def interrupted() -> str:
+  """What a Ctrl-C'd run says: the masks it saved, and how to resume."""
+  return (f"{saved_masks(flags.FLAGS.output_dir)}; to resume, rerun {cli.command()} with the same flags (no saved "
+          "mask is measured again)")
+
+
 def console() -> None:
   define_flags()
-  cli.run(lambda argv: main(config_from_flags()))
+  run_command()
+
+
+def run_command() -> None:
+  """The command on sys.argv, its flags defined (`define_flags`): one line and exit status 2 for a user error, 130
+  for Ctrl-C (`cli.run`)."""
+  cli.run(lambda argv: main(config_from_flags()), saved=interrupted)

@@ -46,6 +46,9 @@ class ModelOutput:
   head_sums: [L, M, K, G, Dh] per-head attention outputs and neuron_sums: [L, M, F] neuron values summed over
   valid tokens (`OutputSpec.unit_sums`; divide by the token count for mean-ablation fill values).
   residual: [L, M, R, S, D] the residual stream entering each layer (`OutputSpec.residuals`).
+  heads: [L, M, R, S, K, G, Dh] per-head attention outputs (the `o_proj` input, after the mask); neurons: [L, M, R, S,
+  F] MLP neuron values (the `down_proj` input, after the mask); attention: [L, M, R, K, G, S, C + C' + S] attention
+  probabilities (`OutputSpec.activations`).
   """
 
   hidden: Array
@@ -54,9 +57,13 @@ class ModelOutput:
   head_sums: Array | None = None
   neuron_sums: Array | None = None
   residual: Array | None = None
+  heads: Array | None = None
+  neurons: Array | None = None
+  attention: Array | None = None
 
 
-jax.tree_util.register_dataclass(ModelOutput, data_fields=["hidden", "k", "v", "head_sums", "neuron_sums", "residual"],
+jax.tree_util.register_dataclass(ModelOutput, data_fields=["hidden", "k", "v", "head_sums", "neuron_sums", "residual",
+                                                           "heads", "neurons", "attention"],
                                  meta_fields=[])
 
 
@@ -65,7 +72,9 @@ class Ablation:
   """What a forward pass knocks out, per mask (every field optional; all None is the unablated model).
 
   head_mask: [M, L, H] and neuron_mask: [M, L, F], 1 keep, 0 ablate (soft values scale).
-  head_fill: [L, H, Dh] and neuron_fill: [L, F], what an ablated unit outputs instead (None: zero).
+  head_fill: [L, H, Dh] and neuron_fill: [L, F], what an ablated unit outputs instead (None: zero); or
+    [L, R, S, H, Dh] and [L, R, S, F], a value per request and position: activation patching, where the fill is
+    another run's outputs of the same units (`OutputSpec.activations`), is mean ablation with a per-position fill.
   neuron_where: bool [M|1, R|1, S], the positions the neuron mask applies at (None: every position; integrated
     gradients scale one position).
   """
@@ -95,11 +104,14 @@ class OutputSpec:
   kv: every layer's keys/values of these tokens (to build a context: a shared prefix, a decoding cache).
   residuals: the residual stream entering every layer (to resume at a later layer, `Resume`).
   unit_sums: per-head attention outputs and neuron values summed over valid tokens (mean-ablation fill values).
+  activations: every layer's per-head outputs, neuron values and attention probabilities at every position (a
+    cache of the run for inspection, or the fill of activation patching).
   """
 
   kv: bool = False
   residuals: bool = False
   unit_sums: bool = False
+  activations: bool = False
 
 
 @dataclasses.dataclass
@@ -121,8 +133,8 @@ class LayerInputs:
   call or a model has none. A per-layer attribute of a model family is a field here, filled from the config, not a
   mode of `Transformer.__call__`.
 
-  index: int [L], the layer's number. head_mask: [L, M, K, G]; head_fill: [L, K, G, Dh]; neuron_mask: [L, M, F];
-  neuron_fill: [L, F] (`Ablation`, laid out per layer). context_k, context_v: [L, M, C, K, Dh] (`Context` shared by a
+  index: int [L], the layer's number. head_mask: [L, M, K, G]; head_fill: [L, K, G, Dh] or [L, R, S, K, G, Dh];
+  neuron_mask: [L, M, F]; neuron_fill: [L, F] or [L, R, S, F] (`Ablation`, laid out per layer). context_k, context_v: [L, M, C, K, Dh] (`Context` shared by a
   mask's requests); cache_k, cache_v: [L, M, R, C', K, Dh] (each request's own `Context`).
   window: int [L], how far back each layer's queries see (`ModelConfig.layer_windows`; None when no layer slides).
   rope: int [L], each layer's rotary table in `SharedInputs.cos`/`sin` (None when every layer uses the first).
@@ -149,7 +161,8 @@ class LayerInputs:
       inputs.head_mask = jnp.swapaxes(ablation.head_mask, 0, 1).reshape(c.num_layers, num_masks, c.num_kv_heads,
                                                                         c.queries_per_kv)
       if ablation.head_fill is not None:
-        inputs.head_fill = ablation.head_fill.reshape(c.num_layers, c.num_kv_heads, c.queries_per_kv, c.head_dim)
+        fill = ablation.head_fill  # [L, (R, S,) H, Dh]: the heads split into (K, G)
+        inputs.head_fill = fill.reshape(fill.shape[:-2] + (c.num_kv_heads, c.queries_per_kv, c.head_dim))
     if ablation.neuron_mask is not None:
       inputs.neuron_mask = jnp.swapaxes(ablation.neuron_mask, 0, 1)
       inputs.neuron_fill = ablation.neuron_fill
@@ -209,9 +222,13 @@ class LayerOutputs:
   head_sums: Array | None = None
   neuron_sums: Array | None = None
   residual: Array | None = None
+  heads: Array | None = None
+  neurons: Array | None = None
+  attention: Array | None = None
 
 
-jax.tree_util.register_dataclass(LayerOutputs, data_fields=["k", "v", "head_sums", "neuron_sums", "residual"],
+jax.tree_util.register_dataclass(LayerOutputs, data_fields=["k", "v", "head_sums", "neuron_sums", "residual", "heads",
+                                                            "neurons", "attention"],
                                  meta_fields=[])
 
 
@@ -253,13 +270,13 @@ class DecoderLayer(nn.Module):
     if layer.cache_k is not None:
       cache = Context(layer.cache_k, layer.cache_v, shared.cache_valid, shared.cache_positions)
     rope = 0 if layer.rope is None else layer.rope
-    attn_out, head_out, k, v = self.attn(self.attn_norm(x) if cfg.pre_norm else x, shared.cos[rope], shared.sin[rope],
+    attn_out, head_out, k, v, probs = self.attn(self.attn_norm(x) if cfg.pre_norm else x, shared.cos[rope], shared.sin[rope],
                                          layer.head_mask, layer.head_fill, context, shared.segments, shared.positions,
                                          layer.window, cache)
     if cfg.post_norm:
       attn_out = self.post_attn_norm(attn_out)
     x = x + attn_out
-    mlp_out, neurons = self.mlp(self.mlp_norm(x) if cfg.pre_norm else x, layer.neuron_mask, layer.neuron_fill,
+    mlp_out, neurons, neurons_out = self.mlp(self.mlp_norm(x) if cfg.pre_norm else x, layer.neuron_mask, layer.neuron_fill,
                                 shared.neuron_where)
     if cfg.post_norm:
       mlp_out = self.post_mlp_norm(mlp_out)
@@ -272,6 +289,8 @@ class DecoderLayer(nn.Module):
       weights = jnp.broadcast_to(weights, head_out.shape[:3])
       outputs.head_sums = jnp.einsum("mrs,mrskgh->mkgh", weights, head_out.astype(jnp.float32))
       outputs.neuron_sums = jnp.einsum("mrs,mrsf->mf", weights, neurons.astype(jnp.float32))
+    if self.outputs.activations:
+      outputs.heads, outputs.neurons, outputs.attention = head_out, neurons_out, probs
     return x, outputs
 
   def skip(self, x: Array, layer: LayerInputs, shared: SharedInputs):
@@ -319,8 +338,9 @@ class Transformer(nn.Module):
     """
     cfg = self.config
     dtype = dtype or self.param_dtype
-    if outputs.unit_sums and start is not None:
-      raise ValueError("unit sums need every layer: a forward pass that collects them cannot resume at a later layer")
+    if (outputs.unit_sums or outputs.activations) and start is not None:
+      raise ValueError("unit sums and activations need every layer: a forward pass that collects them cannot resume "
+                       "at a later layer")
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, param_dtype=self.param_dtype,
                      embedding_init=nn.initializers.normal(0.02), name="embed")
     if not cfg.tie_word_embeddings:
@@ -344,7 +364,8 @@ class Transformer(nn.Module):
                      in_axes=(0, nn.broadcast), length=cfg.num_layers)(cfg, self.param_dtype, outputs, name="layers")
     x, stacked = layers(x, layer, shared)
     hidden = norm(cfg, self.param_dtype, "final_norm")(x)
-    return ModelOutput(hidden, stacked.k, stacked.v, stacked.head_sums, stacked.neuron_sums, stacked.residual)
+    return ModelOutput(hidden, stacked.k, stacked.v, stacked.head_sums, stacked.neuron_sums, stacked.residual,
+                       stacked.heads, stacked.neurons, stacked.attention)
 
 
 def lm_logits(config: ModelConfig, params, hidden: Array) -> Array:

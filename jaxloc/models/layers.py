@@ -146,7 +146,8 @@ class Attention(nn.Module):
   def __call__(self, x: Array, cos: Array, sin: Array, head_mask: Array | None, head_fill: Array | None,
                context: Context | None, segments: Array | None, positions: Array | None = None,
                window: Array | None = None, cache: Context | None = None):
-    """x: [M, R, S, D]; head_mask: [M, K, G] (1 keep, 0 ablate); head_fill: [K, G, Dh] or None;
+    """x: [M, R, S, D]; head_mask: [M, K, G] (1 keep, 0 ablate); head_fill: [K, G, Dh], or [R, S, K, G, Dh] a value
+    per request and position (activation patching: another run's head outputs), or None (zero ablation);
     context: keys/values shared by each mask's requests (k [M, C, K, Dh]); cache: each request's own (k
     [M, R, C', K, Dh]). A query attends to the context, then the cache, then the tokens of this call: one softmax
     over the three blocks of scores, so that a mask's prefix is read once for all its requests;
@@ -154,7 +155,8 @@ class Attention(nn.Module):
     window: int32 scalar or None: a query at position p sees keys at positions > p - window (`positions`
     [M|1, R|1, S], the queries' own; context keys carry theirs).
 
-    Returns (y [M, R, S, D], head outputs [M, R, S, K, G, Dh], k, v [M, R, S, K, Dh]).
+    Returns (y [M, R, S, D], head outputs [M, R, S, K, G, Dh] after the mask, k, v [M, R, S, K, Dh], attention
+    probabilities [M, R, K, G, S, C + C' + S] over the context, the cache and these tokens, in that order).
     """
     cfg = self.config
     kvh, groups, hd, d = cfg.num_kv_heads, cfg.queries_per_kv, cfg.head_dim, cfg.hidden_size
@@ -219,7 +221,7 @@ class Attention(nn.Module):
         out = out + (1 - keep) * head_fill.astype(dtype)
     y = jnp.einsum("mrskgh,kghd->mrsd", out, weight("o_kernel", (kvh, groups, hd, d)))
     y = y + bias("o_bias", (d,), cfg.o_bias)
-    return y, out, k, v
+    return y, out, k, v, probs
 
 
 class MLP(nn.Module):
@@ -232,10 +234,11 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x: Array, neuron_mask: Array | None = None, neuron_fill: Array | None = None,
                neuron_where: Array | None = None) -> Array:
-    """x: [M, R, S, D]; neuron_mask: [M, F] (1 keep, 0 ablate); neuron_fill: [F] or None (zero ablation);
+    """x: [M, R, S, D]; neuron_mask: [M, F] (1 keep, 0 ablate); neuron_fill: [F], or [R, S, F] a value per request
+    and position (activation patching), or None (zero ablation);
     neuron_where: bool [M|1, R|1, S], the positions the mask applies at (None: every position).
 
-    Returns (y [M, R, S, D], neuron values [M, R, S, F] before the mask).
+    Returns (y [M, R, S, D], neuron values [M, R, S, F] before the mask, neuron values after it).
     """
     cfg = self.config
     d, f = cfg.hidden_size, cfg.intermediate_size
@@ -255,5 +258,5 @@ class MLP(nn.Module):
       if neuron_fill is not None:
         ablated = ablated + (1 - keep) * neuron_fill.astype(hidden.dtype)
       ablated = ablated if neuron_where is None else jnp.where(neuron_where[..., None], ablated, hidden)
-      return dense("down", ablated, (f, d)), hidden
-    return dense("down", hidden, (f, d)), hidden
+      return dense("down", ablated, (f, d)), hidden, ablated
+    return dense("down", hidden, (f, d)), hidden, hidden

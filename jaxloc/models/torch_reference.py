@@ -11,6 +11,8 @@ import contextlib
 import os
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from jaxloc.models import loading
 
 
@@ -33,7 +35,8 @@ def load_hf_model(spec: str, dtype: str = "float32"):
 def ablated_heads(model, heads: Iterable[tuple[int, int]], fill: Sequence | None = None):
   """Within the block, each (layer, head) has its slice of the `o_proj` input zeroed.
 
-  fill: optional [layers][heads] -> head_dim vectors used instead of zeros (mean ablation).
+  fill: optional [layers][heads] -> head_dim vectors used instead of zeros (mean ablation), or [B, S, head_dim]
+    values per position (activation patching, `patched_heads_loop`).
   """
   import torch
 
@@ -82,3 +85,41 @@ def zeroed_down_proj_columns(model, neurons: Iterable[tuple[int, int]]):
     with torch.no_grad():
       for weight, index, column in reversed(saved):
         weight[:, index] = column
+
+
+def o_proj_inputs(model, input_ids) -> list:
+  """Each layer's `o_proj` input [B, S, H * Dh] (every head's output, head h at h * Dh) for token ids [B, S]."""
+  import torch
+
+  captured: list = [None] * len(model.model.layers)
+  handles = []
+  for layer, block in enumerate(model.model.layers):
+    def hook(module, args, layer=layer):
+      captured[layer] = args[0].detach().clone()
+    handles.append(block.self_attn.o_proj.register_forward_pre_hook(hook))
+  try:
+    with torch.no_grad():
+      model(input_ids)
+  finally:
+    for handle in handles:
+      handle.remove()
+  return captured
+
+
+def patched_heads_loop(model, clean_ids, corrupted_ids, heads: Sequence[tuple[int, int]]):
+  """Activation patching as PyTorch hook libraries run it: one forward of the corrupted token ids [B, S] per head,
+  that head's `o_proj` input slice replaced at every position by its value in the clean run. Returns the last
+  position's logits [heads, B, V] (float32 numpy)."""
+  import torch
+
+  config = model.config
+  head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+  clean = o_proj_inputs(model, clean_ids)
+  out = []
+  with torch.no_grad():
+    for layer, head in heads:
+      sl = slice(head * head_dim, (head + 1) * head_dim)
+      fill = {layer: {head: clean[layer][..., sl]}}
+      with ablated_heads(model, [(layer, head)], fill=fill):
+        out.append(model(corrupted_ids).logits[:, -1].float().numpy())
+  return np.stack(out)

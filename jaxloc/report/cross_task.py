@@ -52,7 +52,7 @@ def load_run(directory: str) -> dict[str, Any]:
           "universal_heads": heads.get("universal_heads", [])}
 
 
-def _matrix(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def matrix(runs: list[dict[str, Any]]) -> dict[str, Any]:
   """One model's runs: the drop matrix and the Table 2 rows."""
   tasks = [r["task"] for r in runs]
   tasks += sorted({t for r in runs for t in r["drops"]} - set(tasks))
@@ -70,7 +70,7 @@ def _matrix(runs: list[dict[str, Any]]) -> dict[str, Any]:
           "columns": tasks, "relative_drop": [[r["drops"].get(t) for t in tasks] for r in runs], "table": table}
 
 
-def _labels(models: Sequence[str]) -> dict[str, str]:
+def model_labels(models: Sequence[str]) -> dict[str, str]:
   """Each model's label: its file or directory name, or the whole name where two models share that."""
   short = {m: os.path.basename(m.rstrip("/")) or m for m in models}
   counts: dict[str, int] = {}
@@ -81,7 +81,7 @@ def _labels(models: Sequence[str]) -> dict[str, str]:
 
 def cross_task(directories: Sequence[str]) -> dict[str, Any]:
   runs = [load_run(d) for d in directories]
-  labels = _labels(list(dict.fromkeys(r["model"] for r in runs)))
+  labels = model_labels(list(dict.fromkeys(r["model"] for r in runs)))
   by_model: dict[str, list[dict[str, Any]]] = {}
   for r in runs:
     r["model"] = labels[r["model"]]
@@ -90,7 +90,7 @@ def cross_task(directories: Sequence[str]) -> dict[str, Any]:
     tasks = [r["task"] for r in mine]
     if len(set(tasks)) != len(tasks):
       raise UserError(f"two runs of {model} localize the same task: give one run per model and target task")
-  blocks = [_matrix(mine) for mine in by_model.values()]
+  blocks = [matrix(mine) for mine in by_model.values()]
   targets = list(dict.fromkeys(r["task"] for r in runs))
   rows = {(b["model"], t["task"]): t for b in blocks for t in b["table"]}
   cells = [[rows.get((b["model"], task)) for b in blocks] for task in targets]

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxloc import files
-from jaxloc.bench.sweep import budget_masks
+from jaxloc.bench.variants import budget_masks
 from jaxloc.errors import UserError
 
 

@@ -9,6 +9,12 @@ const SVG = "http://www.w3.org/2000/svg";
 const BY_NAME = new Map(INFO[UNIT].map((u) => [u.name, u]));
 const TOP = new Set(INFO.top_k || []);
 const UNIVERSAL = new Set(INFO["universal_" + UNIT] || []);
+// Units whose value is a placeholder (never measured nor estimated): drawn hatched, shown without a value.
+const UNMEASURED = new Set(DATA.unmeasured || []);
+const REASONS = DATA.reasons || {};
+// Units the method gave no value (a placeholder 0) that later checks ablated: no value shown, their drops are.
+const PLACEHOLDER = new Set(DATA.placeholder || []);
+const valueless = (name) => UNMEASURED.has(name) || PLACEHOLDER.has(name);
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -63,16 +69,34 @@ function showDetails(name) {
   panel.replaceChildren();
   if (!unit) return;
   const rank = INFO.top_k.indexOf(name);
-  panel.append(el("h3", {}, name), el("p", {}, [
-    `value ${fmt(unit.score, 4)}`,
-    unit.interval ? `interval [${fmt(unit.interval[0], 4)}, ${fmt(unit.interval[1], 4)}]` : null,
-    unit.selection_frequency !== undefined ? `selected in ${pct(unit.selection_frequency)} of bootstrap resamples`
-                                           : null,
-    rank >= 0 ? `top-${INFO.top_k.length} #${rank + 1}` : null,
-    UNIVERSAL.has(name) ? "universal" : null,
-  ].filter(Boolean).join(" · ")), drops(unit));
+  const why = [...(rank >= 0 ? [`selected: #${rank + 1} of the top-${INFO.top_k.length}`] : []),
+               ...(REASONS[name] || [])];
+  if (UNMEASURED.has(name)) {
+    panel.append(el("h3", {}, name), el("p", {class: "unmeasured-note"},
+                 `not measured: ${INFO.method} never ablated this ${ONE} (its ranking placed it below the ` +
+                 `${(INFO.solver || {}).measured_heads || "measured"} it measured), so it has no value`),
+                 ...why.map((r) => el("p", {class: "reason"}, r)));
+  } else if (PLACEHOLDER.has(name)) {
+    panel.append(el("h3", {}, name), el("p", {class: "unmeasured-note"},
+                 `${INFO.method} did not measure this ${ONE}, so it has no value; the checks after it ablated it:`),
+                 ...why.map((r) => el("p", {class: "reason"}, r)), drops(unit));
+  } else {
+    panel.append(el("h3", {}, name), el("p", {}, [
+      `value ${fmt(unit.score, 3)}`,
+      unit.interval ? `interval [${fmt(unit.interval[0], 3)}, ${fmt(unit.interval[1], 3)}]` : null,
+      unit.selection_frequency !== undefined ? `selected in ${pct(unit.selection_frequency)} of bootstrap resamples`
+                                             : null,
+    ].filter(Boolean).join(" · ")), ...why.map((r) => el("p", {class: "reason"}, r)), drops(unit));
+  }
   document.querySelectorAll(".selected").forEach((n) => n.classList.remove("selected"));
-  document.querySelectorAll(`[data-unit="${name}"]`).forEach((n) => n.classList.add("selected"));
+  document.querySelectorAll(`[data-unit="${name}"]`).forEach((n) => {
+    n.classList.add("selected");
+    const mark = document.getElementById("highlight");  // drawn over the neighbouring cells
+    if (mark && n.classList.contains("cell")) {
+      for (const a of ["x", "y", "width", "height"]) mark.setAttribute(a, n.getAttribute(a));
+      mark.setAttribute("visibility", "visible");
+    }
+  });
 }
 
 function heatmap() {
@@ -80,9 +104,21 @@ function heatmap() {
   const layers = INFO.num_layers, perLayer = INFO["num_" + UNIT];
   const values = coefficients || [...Array(layers)].map(() => Array(perLayer).fill(0));
   if (!coefficients) for (const u of INFO[UNIT]) values[u.layer][u.head] = u.score;
-  const limit = Math.max(1e-12, ...values.flat().map(Math.abs));
-  const cell = Math.max(10, Math.min(28, Math.floor(640 / perLayer))), pad = 34;
-  const root = svg("svg", {width: pad + cell * perLayer + 10, height: pad + cell * layers + 10, id: "heatmap"});
+  const measured = [];
+  for (let l = 0; l < layers; l++) {
+    for (let h = 0; h < perLayer; h++) if (!valueless(`L${l}H${h}`)) measured.push(values[l][h]);
+  }
+  const limit = Math.max(1e-12, ...measured.map(Math.abs));
+  const cell = Math.max(10, Math.min(28, Math.floor(640 / perLayer))), pad = 48;
+  const width = pad + cell * perLayer + 10, height = pad + cell * layers + 10;
+  const root = svg("svg", {width, height, id: "heatmap"});
+  root.append(hatch());
+  const xTitle = svg("text", {x: pad + cell * perLayer / 2, y: 12, "text-anchor": "middle", class: "axis-title"});
+  xTitle.textContent = "head";
+  const yTitle = svg("text", {x: 0, y: 0, "text-anchor": "middle", class: "axis-title",
+                              transform: `translate(12,${pad + cell * layers / 2}) rotate(-90)`});
+  yTitle.textContent = "layer";
+  root.append(xTitle, yTitle);
   for (let h = 0; h < perLayer; h += Math.max(1, Math.ceil(perLayer / 16))) {
     const t = svg("text", {x: pad + cell * (h + 0.5), y: pad - 6, "text-anchor": "middle", class: "axis"});
     t.textContent = h;
@@ -96,11 +132,13 @@ function heatmap() {
     }
     for (let h = 0; h < perLayer; h++) {
       const name = `L${l}H${h}`;
+      const unmeasured = valueless(name);
       const rect = svg("rect", {x: pad + cell * h, y: pad + cell * l, width: cell, height: cell,
-                                fill: colour(values[l][h], limit), "data-unit": name,
-                                class: "cell" + (TOP.has(name) ? " top" : "")});
+                                fill: unmeasured ? "url(#unmeasured)" : colour(values[l][h], limit), "data-unit": name,
+                                class: "cell" + (TOP.has(name) ? " top" : "") + (unmeasured ? " unmeasured" : "")
+                                       + (REASONS[name] ? " reasoned" : "")});
       const title = svg("title");
-      title.textContent = `${name}: ${fmt(values[l][h], 4)}`;
+      title.textContent = unmeasured ? `${name}: not measured` : `${name}: ${fmt(values[l][h], 3)}`;
       rect.append(title);
       rect.addEventListener("mouseenter", () => showDetails(name));
       rect.addEventListener("click", () => showDetails(name));
@@ -113,9 +151,50 @@ function heatmap() {
       }
     }
   }
+  root.append(svg("rect", {id: "highlight", visibility: "hidden"}));
   const label = (INFO.solver || {}).value || "value";
-  return section(`Every head: ${label} (${INFO.metric}); boxed: top-${INFO.top_k.length}, ×: universal`,
-                 el("p", {class: "hint"}, "Hover or click a head for its numbers."), root);
+  return section(`Every head: ${label} (${INFO.metric}); boxed: top-${INFO.top_k.length}, ×: universal, ` +
+                 "purple: rejected or universal (click for why), hatched: not measured",
+                 el("p", {class: "hint"}, "Hover or click a head for its numbers."), root,
+                 legend(limit, label, new Set([...UNMEASURED, ...PLACEHOLDER]).size));
+}
+
+// The diagonal hatching of a unit that was never measured.
+function hatch() {
+  const defs = svg("defs");
+  const pattern = svg("pattern", {id: "unmeasured", width: 6, height: 6, patternUnits: "userSpaceOnUse",
+                                  patternTransform: "rotate(45)"});
+  pattern.append(svg("rect", {width: 6, height: 6, fill: "#e6e6e6"}),
+                 svg("line", {x1: 0, y1: 0, x2: 0, y2: 6, stroke: "#9a9a9a", "stroke-width": 2}));
+  defs.append(pattern);
+  return defs;
+}
+
+// The heatmap's colour scale, from -limit (red) through 0 (white) to +limit (blue), and the hatched swatch.
+function legend(limit, label, unmeasured) {
+  const w = 240, root = svg("svg", {width: w + 260, height: 46, id: "legend"});
+  root.append(hatch());
+  const steps = 48;
+  for (let i = 0; i < steps; i++) {
+    const v = -limit + (2 * limit * (i + 0.5)) / steps;
+    root.append(svg("rect", {x: 10 + (w * i) / steps, y: 4, width: w / steps + 0.5, height: 14,
+                             fill: colour(v, limit)}));
+  }
+  [[-limit, "start"], [0, "middle"], [limit, "end"]].forEach(([v, anchor], i) => {
+    const t = svg("text", {x: 10 + (w * i) / 2, y: 32, "text-anchor": anchor, class: "axis"});
+    t.textContent = fmt(v, 3);
+    root.append(t);
+  });
+  const caption = svg("text", {x: 10, y: 44, class: "axis"});
+  caption.textContent = `${label} (${INFO.metric}); red: ablating it lowers the score`;
+  root.append(caption);
+  if (unmeasured) {
+    root.append(svg("rect", {x: w + 30, y: 4, width: 14, height: 14, fill: "url(#unmeasured)", stroke: "#999"}));
+    const t = svg("text", {x: w + 50, y: 15, class: "axis", id: "legend-unmeasured"});
+    t.textContent = `hatched: not measured by ${INFO.method} (${unmeasured} ${UNIT}), no value`;
+    root.append(t);
+  }
+  return root;
 }
 
 function neuronView() {
@@ -246,17 +325,80 @@ function settings() {
   const flags = Object.entries(INFO.flags || {}).map(([k, v]) => [`--${k}`, JSON.stringify(v)]);
   const timing = Object.entries(INFO.timing || {}).map(([k, v]) => [k.replace(/_/g, " "), fmt(v, 2)]);
   const engine = Object.entries(INFO.engine || {}).map(([k, v]) => [k.replace(/_/g, " "), String(v)]);
+  const machine = Object.entries(INFO.machine || {}).map(([k, v]) => [k.replace(/_/g, " "),
+                                                                      typeof v === "number" ? fmt(v, 0) : String(v)]);
   return section("Settings and timings", el("div", {class: "columns"}, table(["flag", "value"], flags),
-                                            table(["timing", "seconds"], timing), table(["engine", ""], engine)));
+                                            table(["timing", "seconds"], timing), table(["engine", ""], engine),
+                                            table(["machine", ""], machine.length ? machine
+                                                  : [["matmul peak", "not recorded by this run"]])));
+}
+
+// Where the weights came from: format, quantization, what jaxloc computed in, package or path, SHA-256.
+function provenance() {
+  const p = INFO.model_provenance;
+  if (!p) {
+    const known = DATA.packaged_model;
+    return section("Model", el("p", {id: "provenance"}, `${INFO.model}: this run predates provenance records ` +
+                                "(format, quantization, source, SHA-256; runs record them in the run file now)." +
+                                (known ? ` The alias names the quantized GGUF ${known.file} (${known.install}), ` +
+                                         "dequantized to float32 on CPU; the hash of the file this run read is " +
+                                         "not known." : "")));
+  }
+  const shown = (v) => (typeof v === "object" && v !== null ? JSON.stringify(v) : String(v));
+  const rows = Object.entries(p).map(([k, v]) => [k.replace(/_/g, " "), shown(v)]);
+  const quantized = p.quantization ? `${p.format} ${p.quantization}, dequantized to ${p.dequantized_to}` : p.format;
+  return section("Model", el("p", {id: "provenance"}, `${INFO.model}: ${quantized}`), table(["", ""], rows));
+}
+
+// A few held-out documents per task as the model answers them, unablated and with the top-k ablated together.
+function examples() {
+  const ex = DATA.examples;
+  if (!ex) return null;
+  const names = ex[UNIT] || [];
+  const body = [el("p", {class: "hint"}, `Greedy output (at most ${ex.max_new_tokens} tokens, to the first newline ` +
+                    `for a scored task) on the first ${ex.per_task} held-out documents of each task; ablated: ` +
+                    `${names.join(", ")} together.`)];
+  for (const [task, record] of Object.entries(ex.tasks)) {
+    const rows = record.examples.map((e) => [el("pre", {}, (e.prompt_truncated ? "…" : "") + e.prompt),
+                                             el("pre", {}, e.target), el("pre", {}, e.unablated),
+                                             el("pre", {}, e.ablated),
+                                             `${fmt(e.unablated_score, 2)} → ${fmt(e.ablated_score, 2)}`]);
+    body.push(el("h3", {}, task), table(["prompt", "target", "output, unablated", `output, top-${ex.k} ablated`,
+                                         record.metric], rows));
+  }
+  return el("section", {id: "examples"}, el("h2", {}, "Examples"), ...body);
+}
+
+// The unit table as CSV and JSON files, made in the page (no server).
+function downloads() {
+  const header = ["name", "layer", ONE, "measured", "value", "interval_low", "interval_high", "selection_frequency",
+                  "reason"];
+  const units = INFO[UNIT].map((u) => ({name: u.name, layer: u.layer, [ONE]: u[ONE], measured: !UNMEASURED.has(u.name),
+                                        value: valueless(u.name) ? null : u.score,
+                                        interval: valueless(u.name) ? null : u.interval,
+                                        selection_frequency: u.selection_frequency,
+                                        estimated_relative_drop: u.estimated_relative_drop,
+                                        reason: (REASONS[u.name] || []).join("; ")}));
+  const cell = (v) => (v === null || v === undefined ? "" : /[",\n]/.test(String(v))
+                       ? `"${String(v).replace(/"/g, '""')}"` : String(v));
+  const csv = [header.join(","), ...units.map((u) => [u.name, u.layer, u[ONE], u.measured, u.value,
+                                                      u.interval && u.interval[0], u.interval && u.interval[1],
+                                                      u.selection_frequency, u.reason].map(cell).join(","))];
+  const link = (id, text, type, content, file) => el("a", {id, download: file, class: "chip",
+                                                           href: URL.createObjectURL(new Blob([content], {type}))},
+                                                     text);
+  return el("p", {id: "downloads"}, `The ${ONE} table: `,
+            link("download-csv", "CSV", "text/csv", csv.join("\n") + "\n", `${UNIT}.csv`), " ",
+            link("download-json", "JSON", "application/json", JSON.stringify(units, null, 1), `${UNIT}.json`));
 }
 
 function main() {
   const app = document.getElementById("app");
   const details = section("Selected " + ONE, el("div", {id: "details"}, `Click a ${ONE}.`));
-  app.append(summary(), el("div", {class: "columns"}, UNIT === "heads" ? heatmap() : neuronView(), details),
+  app.append(summary(), downloads(),
+             el("div", {class: "columns"}, UNIT === "heads" ? heatmap() : neuronView(), details),
              ...curves());
-  const d = design();
-  if (d) app.append(d);
+  for (const part of [examples(), design(), provenance()]) if (part) app.append(part);
   app.append(settings());
   if (INFO.top_k.length) showDetails(INFO.top_k[0]);
 }

@@ -20,7 +20,9 @@ import numpy as np
 
 from jaxloc import files
 from jaxloc.errors import UserError
-from jaxloc.heads import run_file
+from jaxloc.heads import run_file, singular
+from jaxloc.localize import examples
+from jaxloc.models import packaged
 from jaxloc.tasks.names import task_label
 
 PAGE = "report.html"
@@ -48,7 +50,82 @@ def page_data(output_dir: str) -> dict[str, Any]:
       "info": {**info, unit: info[unit][:MAX_UNITS]},
       "ablation": files.read_json(os.path.join(output_dir, "ablation.json")),
       "coefficients": None if coefficients is None or unit != "heads" else np.asarray(coefficients).tolist(),
+      "unmeasured": unmeasured(info),  # hatched, no value
+      "placeholder": [u["name"] for u in info[unit] if u.get("measured") is False],  # no value from the method
+      "reasons": reasons(info),
+      "examples": files.read_json(os.path.join(output_dir, examples.FILE)),  # None for runs before examples.json
+      "packaged_model": _packaged(str(info["model"])),
   }
+
+
+def _packaged(model: str) -> dict[str, str] | None:
+  """What the registry says of a packaged alias (`jaxloc.models.packaged`): for runs that predate the run file's
+  "model_provenance", the page still names the file and its packages (not its SHA-256: the run did not record it)."""
+  entry = packaged.PACKAGED.get(model)
+  return None if entry is None else {"file": entry.file_name, "install": entry.install}
+
+
+def unmeasured(info: dict[str, Any]) -> list[str]:
+  """The units whose value is a placeholder (never measured nor estimated): marked `"measured": false` in the run
+  file, or, in a run file from before that mark, those of a single-unit method (its solver names an
+  "unmeasured_value") with no estimated drop on any task and no measured drop."""
+  unit = info.get("unit", "heads")
+  placeholder = "unmeasured_value" in (info.get("solver") or {})
+  confirmation = info.get("confirmation") or {}
+  checked = set(confirmation.get("rejected") or {}) | set(confirmation.get("rejected_together") or {})
+  names = []
+  for u in info[unit]:
+    drops = [k for k in u if k.endswith(f"_single_{singular(unit)}_drop")]
+    if drops or u["name"] in checked:  # ablated alone (or with others) after the method: measured after all
+      continue
+    legacy = placeholder and all(v is None for v in (u.get("estimated_relative_drop") or {}).values())
+    if u.get("measured") is False or ("measured" not in u and legacy):
+      names.append(u["name"])
+  return names
+
+
+def _percent(value) -> str:
+  return "n/a" if value is None else f"{100 * value:.0f}%"
+
+
+def reasons(info: dict[str, Any]) -> dict[str, list[str]]:
+  """name -> why the unit is where it is, in words with rounded numbers: rejected alone or turned away together by
+  the confirmation (the general tasks it broke beyond the bound), universal (the tasks it broke), excluded."""
+  unit = info.get("unit", "heads")
+  one = singular(unit)
+  bound = (info.get("flags") or {}).get("specific_max_general_drop")
+  general = set(info.get("general_tasks") or {})
+  why: dict[str, list[str]] = {}
+  confirmation = info.get("confirmation") or {}
+  for name, drops in (confirmation.get("rejected") or {}).items():
+    over = {t: d for t, d in drops.items() if t in general and d is not None and (bound is None or d > bound)}
+    broken = ", ".join(f"{t} {_percent(d)}" for t, d in sorted(over.items(), key=lambda x: -x[1]))
+    why.setdefault(name, []).append(
+        f"rejected: ablated alone on the identification documents it drops {broken or 'a general task'}"
+        + (f" (more than the {_percent(bound)} allowed)" if bound is not None else ""))
+  for name, record in (confirmation.get("rejected_together") or {}).items():
+    others = record.get("with") or []
+    over = {t: d for t, d in record.items() if t in general and isinstance(d, (int, float))
+            and (bound is None or d > bound)}
+    broken = ", ".join(f"{t} {_percent(d)}" for t, d in sorted(over.items(), key=lambda x: -x[1]))
+    why.setdefault(name, []).append(
+        f"turned away: passes alone, but ablated together with {'+'.join(others)} it drops "
+        f"{broken or 'a general task'} beyond the bound")
+  by_name = {u["name"]: u for u in info[unit]}
+  universal = info.get("universal") or {}
+  threshold, least = universal.get("threshold"), universal.get("min_tasks")
+  for name in info.get(f"universal_{unit}") or []:
+    u = by_name.get(name, {})
+    key = next((k for k in u if k.endswith(f"_single_{one}_drop")), "")
+    broken = {t: d for t, d in (u.get(key) or {}).items() if d is not None and (threshold is None or d >= threshold)}
+    drops = ", ".join(f"{t} {_percent(d)}" for t, d in sorted(broken.items(), key=lambda x: -x[1]))
+    where = key.split("_single_")[0].replace("_", "-") or "measured"
+    rule = f" (≥ {_percent(threshold)} on ≥ {least} tasks)" if threshold is not None else ""
+    why.setdefault(name, []).append(f"universal: ablated alone ({where}) it drops {drops or 'several tasks'}{rule}; "
+                                    "left out of the selection")
+  for name in (info.get("flags") or {}).get("exclude_heads") or []:
+    why.setdefault(name, []).append("excluded by --exclude_heads")
+  return why
 
 
 def render(data: dict[str, Any]) -> str:

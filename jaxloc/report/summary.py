@@ -127,10 +127,12 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
   lines.append(" " * (len(head) + 3) + columns)
   for rank, name in enumerate(heads["top_k"][:MAX_ROWS], start=1):
     h = by_name[name]
-    line = f"{rank:4d}  {name:7s} {h['score']:8.4f}"
+    placeholder = h.get("measured") is False  # the method never measured it (the confirmation may have)
+    line = f"{rank:4d}  {name:7s} " + (f"{'n/a':>8s}" if placeholder else f"{h['score']:8.4f}")
     if confident:
       low, high = h["interval"]
-      line += f" {100 * h['selection_frequency']:7.0f}% [{low:7.3f},{high:7.3f}]"
+      line += f" {100 * h['selection_frequency']:7.0f}% " + (f"{'n/a':>17s}" if placeholder
+                                                              else f"[{low:7.3f},{high:7.3f}]")
     drops = h.get(drop_key, {})
     lines.append(line + "   " + "  ".join(f"{_percent(drops.get(n)):>{max(9, len(n))}s}" for n in tasks))
   if len(heads["top_k"]) > MAX_ROWS:

@@ -335,6 +335,9 @@ def _restrict_system_calls():
     syscall_filter.join_fresh_session_keyring()
   except OSError:  # keyrings compiled out, or keyctl refused by the host's own filter: out of reach either way
     pass
+  except syscall_filter.UnknownArchitecture as error:  # no table for this machine: no filter either
+    ctypes.set_errno(0)
+    _setup_failed(f"system-call filter: {error}")
   _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")  # set already, except in mode "none"
   try:
     syscall_filter.install()

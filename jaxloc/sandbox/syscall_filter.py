@@ -12,9 +12,10 @@ the program runs; every process the program starts inherits it. The filter:
 - refuses the kernel keyrings (`keyctl`, `add_key`, `request_key`): a key left in a uid's user keyring would be
   read by the next program that gets that uid from the pool (the child also gives each program a fresh session
   keyring, `join_fresh_session_keyring`);
-- refuses io_uring, `bpf`, `perf_event_open`, `userfaultfd` (large kernel attack surfaces), `ptrace` and
-  `process_vm_readv`/`writev`, `open_by_handle_at` (reads any file by handle, past the file view, wherever the
-  program holds CAP_DAC_READ_SEARCH), and the kernel module and kexec calls;
+- refuses io_uring, `bpf`, `perf_event_open`, `userfaultfd` (large kernel attack surfaces), `ptrace`,
+  `process_vm_readv`/`writev` and `pidfd_open`/`pidfd_getfd` (another process's memory or file descriptors),
+  `open_by_handle_at` (reads any file by handle, past the file view, wherever the program holds
+  CAP_DAC_READ_SEARCH), and the kernel module and kexec calls;
 - answers `clone3` with ENOSYS rather than EPERM: its flags sit in memory, out of a filter's reach, and ENOSYS makes
   glibc (threads, posix_spawn) fall back to `clone`, whose flags the filter checks;
 - kills the process on a call from another architecture's table (the i386 `int 0x80` entry on x86_64, whose
@@ -22,7 +23,8 @@ the program runs; every process the program starts inherits it. The filter:
   checks.
 
 The numbers are the kernel's for x86_64 and aarch64 (`SYSCALLS`; tests/sandbox checks them against the kernel
-headers where present); the filter cannot be built for another architecture (`UnknownArchitecture`).
+headers where present); the filter cannot be built for another architecture (`UnknownArchitecture`), and there no
+program runs.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ REFUSED = {
     "keyrings": ("keyctl", "add_key", "request_key"),
     "io_uring": ("io_uring_setup", "io_uring_enter", "io_uring_register"),
     "bpf and perf": ("bpf", "perf_event_open", "userfaultfd"),
-    "tracing": ("ptrace", "process_vm_readv", "process_vm_writev"),
+    "tracing": ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_open", "pidfd_getfd"),
     "file handles": ("open_by_handle_at",),
     "kernel modules and kexec": ("init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load"),
 }
@@ -62,16 +64,16 @@ SYSCALLS = {
         "fspick": 433, "mount_setattr": 442, "open_tree_attr": 467, "keyctl": 250, "add_key": 248,
         "request_key": 249, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "bpf": 321,
         "perf_event_open": 298, "userfaultfd": 323, "ptrace": 101, "process_vm_readv": 310,
-        "process_vm_writev": 311, "open_by_handle_at": 304, "init_module": 175, "finit_module": 313,
-        "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320},
+        "process_vm_writev": 311, "pidfd_open": 434, "pidfd_getfd": 438, "open_by_handle_at": 304,
+        "init_module": 175, "finit_module": 313, "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320},
     "aarch64": {
         "clone": 220, "clone3": 435, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
         "chroot": 51, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
         "fspick": 433, "mount_setattr": 442, "open_tree_attr": 467, "keyctl": 219, "add_key": 217,
         "request_key": 218, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "bpf": 280,
         "perf_event_open": 241, "userfaultfd": 282, "ptrace": 117, "process_vm_readv": 270,
-        "process_vm_writev": 271, "open_by_handle_at": 265, "init_module": 105, "finit_module": 273,
-        "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294},
+        "process_vm_writev": 271, "pidfd_open": 434, "pidfd_getfd": 438, "open_by_handle_at": 265,
+        "init_module": 105, "finit_module": 273, "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294},
 }
 
 # Classic BPF (<linux/filter.h>) and seccomp (<linux/seccomp.h>) constants.

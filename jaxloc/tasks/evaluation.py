@@ -26,6 +26,7 @@ from jaxloc.engine.requests import GenerationRequest, ScoreOutputs, ScoringReque
 from jaxloc.errors import UserError
 from jaxloc.heads import check_unit, units_per_layer
 from jaxloc.tasks.base import Doc, Task
+from jaxloc.tasks.registry import get_task
 
 # Generation has no engine-side mask batches to report; this many masks go per generate call.
 GENERATION_MASKS_PER_BATCH = 16
@@ -75,8 +76,6 @@ def load_task(name: str, options: dict[str, Any] | None = None, *, num_samples: 
               data_dir: str | None) -> tuple[Task, list[Doc]]:
   """A registered or custom task and its seeded document subset; needs no model, so a bad task name, a
   missing dataset file or a malformed line is reported before any model loads."""
-  from jaxloc.tasks.registry import get_task
-
   task = get_task(name, **(options or {}))
   return task, task.load_docs(num_samples=num_samples, seed=seed, data_dir=data_dir)
 

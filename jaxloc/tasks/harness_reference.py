@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxloc.errors import UserError
 from jaxloc.heads import head_name, keep_mask, parse_heads
+from jaxloc.models.torch_reference import ablated_heads
 from jaxloc.tasks.base import Doc
 from jaxloc.tasks.evaluation import Evaluator
 from jaxloc.tasks.harness import HarnessTask, include_path, load_name, metric_key, task_manager
@@ -34,8 +35,6 @@ def lm_eval_run(hf_model, tokenizer, task: HarnessTask, docs: Sequence[Doc], hea
   import torch
   from lm_eval import simple_evaluate
   from lm_eval.models.huggingface import HFLM
-
-  from jaxloc.models.torch_reference import ablated_heads
 
   if task.group is None and len(task.subtasks) > 1:
     raise UserError(f"{task.name} is a tag of {len(task.subtasks)} tasks: lm-eval reports no score of the whole to "

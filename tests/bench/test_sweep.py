@@ -5,7 +5,7 @@ and `localize` give the same ranking)."""
 import numpy as np
 import pytest
 
-from jaxloc.bench import diagnostics, problems, sweep
+from jaxloc.bench import diagnostics, problems, sweep, variants
 from jaxloc.bench.mask_cache import MaskCache
 from jaxloc.errors import UserError
 from jaxloc.localize import designs
@@ -114,9 +114,9 @@ def _fake_problem(evaluator, num_layers=4, num_heads=8):
 def test_nested_budgets_reuse_the_measurements_of_smaller_budgets():
   evaluator = CountingEvaluator(important=(3, 17))
   problem, cache = _fake_problem(evaluator)
-  variant = sweep.parse_variant("cs_stratified-r0.25")
+  variant = variants.parse_variant("cs_stratified-r0.25")
   for num_masks in (16, 8, 4):  # 50%, 25%, 12.5% of 32 heads
-    sweep.run_variant(variant, problem, BASE, num_masks, seed=3)
+    variants.run_variant(variant, problem, BASE, num_masks, seed=3)
   assert evaluator.masks == 1 + 16  # the baseline and the largest prefix, nothing twice
   # Each budget's masks are the prefix of the largest design.
   full = designs.make_design("stratified", 4, 8, num_masks=16, ablation_rate=0.25, seed=3)
@@ -127,7 +127,7 @@ def test_nested_budgets_reuse_the_measurements_of_smaller_budgets():
   problem2, _ = _fake_problem(evaluator2)
   truth = sweep.one_shot_ground_truth(problem2)
   after_truth = evaluator2.masks
-  sweep.sweep(problem2, [variant, sweep.parse_variant("cs_stratified-logprob-r0.25")], BASE, [0.25, 0.5], [0, 1],
+  sweep.sweep(problem2, [variant, variants.parse_variant("cs_stratified-logprob-r0.25")], BASE, [0.25, 0.5], [0, 1],
               2, truth)
   design_masks = sum(len({m.tobytes() for m in designs.make_design("stratified", 4, 8, num_masks=16,
                                                                   ablation_rate=0.25, seed=s)}) for s in (0, 1))
@@ -136,7 +136,7 @@ def test_nested_budgets_reuse_the_measurements_of_smaller_budgets():
 
 
 def test_variant_names_are_settings_of_registered_methods():
-  variant = sweep.parse_variant("cs_stratified-logprob-r0.05-nonpositive-upto0.5")
+  variant = variants.parse_variant("cs_stratified-logprob-r0.05-nonpositive-upto0.5")
   assert (variant.method, dict(variant.overrides), variant.max_budget) == (
       "cs_stratified", {"metric": "logprob", "ablation_rate": 0.05, "nonpositive": True}, 0.5)
   settings = variant.settings(BASE, 40, 2)
@@ -144,27 +144,27 @@ def test_variant_names_are_settings_of_registered_methods():
   assert (flags["method"], flags["num_masks"], flags["seed"], flags["ablation_rate"]) == ("cs_stratified", 40, 2, 0.05)
   # Everything else is experiments.localize's default: the float64 solver and the CV grid users run.
   assert (flags["solver_dtype"], flags["lasso_alpha"], flags["standardize"]) == ("float64", "cv", True)
-  assert dict(sweep.parse_variant("two_stage-s0.3").overrides) == {"screen_fraction": 0.3}
-  fixed = sweep.parse_variant("gradient_confirm-n7")
+  assert dict(variants.parse_variant("two_stage-s0.3").overrides) == {"screen_fraction": 0.3}
+  fixed = variants.parse_variant("gradient_confirm-n7")
   assert fixed.settings(BASE, 40, 0).num_masks == 7 and fixed.max_budget == float("inf")
   # Any of a method's own flags is a token, converted to the field's type.
-  masked = sweep.parse_variant("learned_mask-mask_steps=30-mask_general_weight=0.5")
+  masked = variants.parse_variant("learned_mask-mask_steps=30-mask_general_weight=0.5")
   options = masked.settings(BASE, 40, 0).method_settings
   assert (options.steps, options.general_weight, options.restarts) == (30, 0.5, 2)
   with pytest.raises(UserError, match="unknown method"):
-    sweep.parse_variant("lasso")
+    variants.parse_variant("lasso")
   with pytest.raises(UserError, match="unknown token"):
-    sweep.parse_variant("cs_stratified-fast")
+    variants.parse_variant("cs_stratified-fast")
   with pytest.raises(UserError, match="unknown token 'mask_steps=3'"):
-    sweep.parse_variant("cs_stratified-mask_steps=3")  # another method's flag
+    variants.parse_variant("cs_stratified-mask_steps=3")  # another method's flag
   with pytest.raises(UserError, match="one_shot_greedy takes no --ablation_rate"):
-    sweep.parse_variant("one_shot_greedy-r0.1")
+    variants.parse_variant("one_shot_greedy-r0.1")
   with pytest.raises(UserError, match="--mask_steps=many is not a valid int"):
-    sweep.parse_variant("learned_mask-mask_steps=many")
+    variants.parse_variant("learned_mask-mask_steps=many")
   with pytest.raises(UserError, match="the benchmark ranks heads"):
-    sweep.parse_variant("cnl")
+    variants.parse_variant("cnl")
   with pytest.raises(UserError, match="fraction"):
-    sweep.parse_variant("cs_stratified-r1.5")
+    variants.parse_variant("cs_stratified-r1.5")
 
 
 def test_synthetic_sweep_recovers_the_planted_heads_at_a_generous_budget():
@@ -201,7 +201,7 @@ def test_two_stage_confirms_its_candidates_by_single_head_ablation():
   problem, cache, response = problems.synthetic_problem(8, 16, seed=1, num_planted=5, interaction_scale=0.0)
   truth = sweep.one_shot_ground_truth(problem)
   evaluated = cache.evaluated
-  result = sweep.run_variant(sweep.parse_variant("two_stage-s0.5"), problem, BASE, 64, seed=0)
+  result = variants.run_variant(variants.parse_variant("two_stage-s0.5"), problem, BASE, 64, seed=0)
   assert result.evaluations == 64 and result.info["screen_masks"] == 32 and result.info["confirmed_heads"] == 32
   # The confirmation masks are the ground truth's single-head masks: only the 32 screen masks are new.
   assert cache.evaluated - evaluated == 32
@@ -210,7 +210,7 @@ def test_two_stage_confirms_its_candidates_by_single_head_ablation():
   assert [h for h in truth.ranking["accuracy"] if h in confirmed][:5] == result.ranking[:5].tolist()
   assert sweep.recall(result.ranking, response.true_top_k(5), 5) >= 0.8
   # A budget too small to confirm anything cannot run.
-  assert sweep.run_variant(sweep.parse_variant("two_stage"), problem, BASE, 2, seed=0) is None
+  assert variants.run_variant(variants.parse_variant("two_stage"), problem, BASE, 2, seed=0) is None
 
 
 def test_gradient_methods_on_a_synthetic_gradient():
@@ -227,9 +227,9 @@ def test_gradient_methods_on_a_synthetic_gradient():
   gradient[decoys] = -np.linspace(2.0, 1.0, 20)
   gradient[response.planted[3:]] = -0.5
   problem.gradient, problem.gradient_cost = gradient, 3.5
-  variant = sweep.parse_variant("gradient_confirm")
-  small = sweep.run_variant(variant, problem, BASE, 10, seed=0)
-  large = sweep.run_variant(variant, problem, BASE, 30, seed=0)
+  variant = variants.parse_variant("gradient_confirm")
+  small = variants.run_variant(variant, problem, BASE, 10, seed=0)
+  large = variants.run_variant(variant, problem, BASE, 30, seed=0)
   assert small.evaluations == 3.5 + 6 and large.evaluations == 3.5 + 26
   assert large.info["measured_heads"] == 26
   # Confirming beyond the decoys finds the planted heads the gradient under-ranked.
@@ -265,7 +265,7 @@ def test_gradient_confirm_on_a_tiny_model(tokenizer, tmp_path):
   truth = sweep.one_shot_ground_truth(problem)
   evaluated = cache.evaluated
   # A budget that confirms every head reproduces the ground truth, from the cache.
-  full = sweep.run_variant(sweep.parse_variant("gradient_confirm"), problem, base,
+  full = variants.run_variant(variants.parse_variant("gradient_confirm"), problem, base,
                            int(np.ceil(18 + problem.gradient_cost)), seed=0)
   assert full.info["measured_heads"] == 18
   assert full.ranking.tolist() == truth.ranking["logprob"].tolist()
@@ -285,19 +285,19 @@ def test_learned_mask_trains_once_per_seed_and_pays_its_training_in_evaluations(
   task, docs = load_task("counting", num_samples=6, seed=0, data_dir=None)
   problem, _ = problems.real_problem(Evaluator(engine, "counting", task, docs), "tiny", output_dir=str(tmp_path),
                                      num_samples=6, sample_seed=0, part="all", headline_metric="logprob")
-  variant = sweep.parse_variant("learned_mask-mask_steps=3-mask_batch_docs=3")
+  variant = variants.parse_variant("learned_mask-mask_steps=3-mask_batch_docs=3")
   base = sweep.EfficiencyConfig(output_dir=str(tmp_path), headline_metric="logprob").base_settings("counting")
-  assert sweep.run_variant(variant, problem, base, 10**6, seed=0) is None  # no measured mask time: cannot cost it
+  assert variants.run_variant(variant, problem, base, 10**6, seed=0) is None  # no measured mask time: cannot cost it
   problems.measure_gradient(problem, repeats=1)
-  large = sweep.run_variant(variant, problem, base, 10**6, seed=0)
+  large = variants.run_variant(variant, problem, base, 10**6, seed=0)
   trained = problem.objective.seconds
   # Wall time, compilation included (on a tiny model that is most of it).
   training = float(problem.memory[(variant.name, 0)]["training_seconds"]) / problem.mask_seconds
   assert training > 0 and large.evaluations == pytest.approx(training + 18) and large.info["measured_heads"] == 18
-  small = sweep.run_variant(variant, problem, base, int(np.ceil(training)) + 2, seed=0)
+  small = variants.run_variant(variant, problem, base, int(np.ceil(training)) + 2, seed=0)
   assert problem.objective.seconds == trained  # the second budget reused the trained gates
   assert small.info["measured_heads"] in (1, 2)
-  assert sweep.run_variant(variant, problem, base, int(np.floor(training)), seed=0) is None  # training alone
+  assert variants.run_variant(variant, problem, base, int(np.floor(training)), seed=0) is None  # training alone
 
 
 @pytest.mark.parametrize("method,options", [("cs_stratified", dict(num_masks=12, ablation_rate=0.2)),
@@ -318,8 +318,8 @@ def test_benchmark_and_localize_give_the_same_ranking(tokenizer, tmp_path, metho
   problem, _ = problems.real_problem(Evaluator(engine, "counting", task, docs), "tiny", output_dir=cfg.output_dir,
                                      num_samples=6, sample_seed=base.seed, part="all", headline_metric="logprob")
   # Seed 0 for both: localize's --seed also draws its document subset, the benchmark's docs use sample_seed 0.
-  variant = sweep.Variant(method, method, (("ablation_rate", options["ablation_rate"]),))
-  result = sweep.run_variant(variant, problem, base, options["num_masks"], seed=0)
+  variant = variants.Variant(method, method, (("ablation_rate", options["ablation_rate"]),))
+  result = variants.run_variant(variant, problem, base, options["num_masks"], seed=0)
   # Raw selection: heads.json lists the selection first, and a specific selection confirmed by measurement may
   # reorder aliased heads; the ranking itself is what the two must share.
   settings = base.replace(method=method, output_dir=str(tmp_path / "cli"), num_samples=6, seed=0, validate=False,

@@ -7,6 +7,8 @@ import pytest
 from jaxloc.bench import throughput
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
+from jaxloc.engine.masks import random_masks
+from jaxloc.engine.peak import matmul_peak
 
 
 def test_compared_engines_differ_from_the_flags_engine_only_where_named(tiny_model):
@@ -43,13 +45,13 @@ def test_the_gsm8k_workload_times_each_generator_on_the_same_texts(tiny_model):
   docs, source = gsm8k_generation.load_docs(3)
   requests = gsm8k_generation.gsm8k_requests(docs, 6)
   assert [r.stop for r in requests] == [gsm8k_generation.gsm8k.STOP] * 3 and requests[0].max_new_tokens == 6
-  keep = throughput.random_masks(tiny_model.config, 2, 5)
+  keep = random_masks(tiny_model.config, 2, 5)
   try:
     torch_model = gsm8k_generation.torch_model_from_config(tiny_model.config)
   except ImportError:
     torch_model = None
   bandwidth = gsm8k_generation.memory_bandwidth(8 * 2**20, repeats=3)
-  peak = max(throughput.matmul_peak(((256, 256, 256),), repeats=3).values())
+  peak = max(matmul_peak(((256, 256, 256),), repeats=3).values())
   result = gsm8k_generation.run(engine, requests, keep, peak_gflops=peak, bandwidth_gbs=bandwidth["best"],
                                 torch_model=torch_model, questions=source)
   names = ("jaxloc", "previous_generator") + (("transformers_generate",) if torch_model is not None else ())

@@ -91,6 +91,24 @@ def test_bucket_ladder():
   assert len(sizes) <= 8 + 4 * 6 + 1
 
 
+def test_a_request_over_the_window_keeps_its_contexts_end_and_says_so(tokenizer, caplog):
+  """The context is cut from the left to fit the model's positions, as lm-eval does, and one warning line says how
+  many requests were cut and which was longest."""
+  long = "The capital of France is Paris. " * 40 + "The capital of Italy is"
+  requests = [ScoringRequest("The capital of Spain is", " Madrid"), ScoringRequest(long, " Rome")]
+  with caplog.at_level("WARNING"):
+    tokenized = scoring.tokenize(tokenizer, requests, max_length=64)
+  whole = tokenizer(long)["input_ids"] + tokenizer(" Rome", add_special_tokens=False)["input_ids"]
+  assert len(tokenized.sequences[1]) == 64 and list(tokenized.sequences[1]) == whole[-64:]
+  assert [r.getMessage() for r in caplog.records] == [
+      f"1 of 2 requests are longer than the model's 64 positions: each keeps only the end of its context (cut from the "
+      f"left, as lm-eval does); the longest, request 1 (context 'The capital of France is Paris. The capi…'), has "
+      f"{len(whole):,} tokens"]
+  caplog.clear()
+  scoring.tokenize(tokenizer, requests[:1], max_length=64)
+  assert not caplog.records
+
+
 def test_shared_prefix_leaves_first_predictor_out():
   tokenized = scoring.TokenizedRequests([np.array([1, 2, 3, 4, 5, 6, 7]), np.array([1, 2, 3, 4, 5, 6, 8])],
                                         np.array([6, 6]))

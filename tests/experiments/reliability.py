@@ -1,11 +1,12 @@
 """Every bad input tried on the commands, run as a user runs them: what the user sees, the exit status, and whether
-it comes before the model loads. `test_reliability.py` runs each case; this module also writes the table of
-docs/reliability.md from the same runs:
+it comes before the model loads. Most end in one `error:` line and exit status 2; an input the run can go on with
+ends in a warning line and exit status 0, and Ctrl-C in one line and exit status 130. `test_reliability.py` runs
+each case; this module also writes the table of docs/reliability.md from the same runs:
 
     python -m tests.experiments.reliability docs/reliability.md
 
 A case runs `python -m experiments.<command>` on a tiny random Llama saved as an HF directory (`tests.tiny`) and a
-12-line custom task. Whether the model loaded is read from the log line `cli.load_engine` writes once it has.
+12-line custom task. Whether the model loaded is read from the log line `engine_flags.load_engine` writes once it has.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LOADED = re.compile(r"\] loaded .* \(\d+ layers x \d+ heads\) in ")
+# A plain log line, or absl's format (with --verbosity): level, date, time, thread, file:line.
+LOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] ")
+LOADED = re.compile(r"^(?:[IWEF]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] )?loaded .* \(\d+ layers x \d+ heads\) in ", re.M)
 # Small and fast: 4 masks on the target and one general task, no validation or bootstrap.
 LOCALIZE = ("--model={model}", "--task={task}", "--output_dir={out}", "--cache_dir=none", "--metric=logprob",
             "--num_samples=8", "--num_masks=4", "--general_tasks=counting", "--general_samples=4", "--validate=false",
@@ -55,10 +60,12 @@ class Context:
 @dataclasses.dataclass(frozen=True)
 class Case:
   """A bad input: `tried` says it in words; the command's flags (`args`, formatted by `Context.fill`) after its
-  usual ones; `message` is part of the one line the user must see; `before_load` whether it must come before the
-  model loads. `setup` prepares the context; `mount` runs the command in a user and mount namespace where `tmp`/disk
-  is a tmpfs (options such as "ro" or "size=96k"); `check` (a shell command run after the command, in the same
-  namespace) must succeed."""
+  usual ones; `message` is part of the one line the user must see (an `error:` line, the last, with exit status 2;
+  a warning line with `exit` 0; the `interrupted:` line, the last, with `exit` 130); `before_load` whether it must
+  come before the model loads. `setup` prepares the context; `mount` runs the command in a user and mount namespace
+  where `tmp`/disk is a tmpfs (options such as "ro" or "size=96k"); `check` (a shell command run after the command,
+  in the same namespace) must succeed; `interrupt` (a store's path) sends the command SIGINT, as Ctrl-C does, once
+  that store holds a measured mask."""
 
   name: str
   tried: str
@@ -71,6 +78,8 @@ class Case:
   mount: str | None = None
   check: str | None = None
   resumes_base_run: bool = False
+  exit: int = 2
+  interrupt: str | None = None
 
 
 def _copy_base_run(ctx: Context) -> None:
@@ -112,6 +121,16 @@ def _edited_task(ctx: Context) -> None:
   done = run_command("localize", [ctx.fill(a) for a in LOCALIZE])
   assert done.returncode == 0, done.stderr[-3000:]
   write_task(task, [(country, city.upper()) for country, city in CAPITALS])
+
+
+def _long_prompt(ctx: Context) -> None:
+  """A task file of 8 documents (every one is measured), one of them a 5 MB prompt."""
+  task = os.path.join(ctx.tmp, "long.jsonl")
+  write_task(task, CAPITALS[:7])
+  with open(task, "a") as f:
+    long_prompt = ("The capital of France is Paris. " * 160_000)[:5_000_000] + "The capital of Italy is"
+    f.write(json.dumps({"prompt": long_prompt, "target": " Rome"}) + "\n")
+  ctx.task = task
 
 
 def _held(ctx: Context) -> None:
@@ -179,6 +198,38 @@ CASES = [
     Case("evaluate_output_json_read_only", "`--output_json` on a read-only file system", "evaluate",
          ("--heads=L0H1", "--output_json={tmp}/disk/result.json"), "cannot be written (Read-only file system)", True,
          mount="ro"),
+    # NaN and inf pass no bound; the config layer's one rule refuses them in every number setting as flags parse.
+    Case("specific_max_general_drop_nan", "`--specific_max_general_drop=nan`", "localize",
+         ("--specific_max_general_drop=nan",), "nan is not a finite number: give a finite number in [0, 1]", True),
+    Case("memory_budget_gb_inf", "`--memory_budget_gb=inf`", "localize", ("--memory_budget_gb=inf",),
+         "inf is not a finite number: give a finite number ≥ 0.01", True),
+    Case("lasso_alpha_nan", "`--lasso_alpha=nan`", "localize", ("--lasso_alpha=nan",),
+         "nan is not a finite number: give 'cv' or a finite number ≥ 0", True),
+    Case("ablation_rate_nan", "`--ablation_rate=nan`", "localize", ("--ablation_rate=nan",),
+         "nan is not a finite number: give a finite number in [1e-06, 0.999999]", True),
+    # A seed is bounded like any integer setting (`jaxloc.config.SEED`).
+    Case("seed_negative", "`--seed=-1`", "localize", ("--seed=-1",),
+         "flag --seed=-1: -1 is not an integer in the range [0, 4294967295]", True),
+    Case("seed_too_large", "`--seed=4294967296` (a JAX key keeps 32 bits: it would be seed 0 again)", "localize",
+         ("--seed=4294967296",), "flag --seed=4294967296: 4294967296 is not an integer in the range [0, 4294967295]",
+         True),
+    # Found by tests/experiments/test_input_property.py, once refused only after the model loaded.
+    Case("ablation_rate_under_one_head", "`--ablation_rate=0.05` (less than one of the 12 heads per mask)", "localize",
+         ("--ablation_rate=0.05",), "ablation_rate=0.05 ablates fewer than one head per mask on average among 12 heads",
+         True),
+    # Ctrl-C: one line, exit status 130.
+    Case("interrupted", "Ctrl-C (SIGINT) while the run measures", "localize", ("--num_masks=5000",),
+         "masks saved in {out}/measurements.npz", False, exit=130, interrupt="{out}/measurements.npz"),
+    # Inputs the run goes on with, taken as the warning says.
+    Case("general_task_is_target", "the target among `--general_tasks`", "localize",
+         ("--general_tasks=counting,{task}",),
+         "--general_tasks includes the target, {task}: it is left out of the general tasks", True, exit=0),
+    Case("flag_twice", "a flag given twice with different values", "localize", ("--num_masks=6",),
+         "--num_masks is given 2 times with different values: --num_masks=4 (on the command line), --num_masks=6 (on "
+         "the command line); the run uses the last, --num_masks=6", True, exit=0),
+    Case("long_prompt", "a 5 MB prompt (the model has 2,048 positions)", "localize", (),
+         "1 of 8 requests are longer than the model's 2,048 positions: each keeps only the end of its context", False,
+         exit=0, setup=_long_prompt),
 ]
 
 
@@ -187,7 +238,8 @@ class Outcome:
   case: Case
   returncode: int
   stderr: str
-  loaded: bool
+  line: str  # the line the user must see: the last, or with exit status 0 the warning (without absl's log prefix)
+  loaded: bool  # the model loaded before that line
   checked: bool  # the case's check passed (True when it has none)
 
   @property
@@ -226,13 +278,49 @@ def namespaces_work() -> bool:
     return False
 
 
+def interrupt_command(command: str, args: list[str], env: dict[str, str], store: str,
+                      timeout: int = 600) -> subprocess.CompletedProcess:
+  """Runs the command and sends it SIGINT, as Ctrl-C in a terminal does, once `store` holds a measured mask."""
+  import numpy as np
+
+  proc = subprocess.Popen([sys.executable, "-m", f"experiments.{command}", *args], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + timeout
+  while proc.poll() is None and time.monotonic() < deadline:
+    try:
+      with np.load(store) as saved:  # written atomically: whole or absent
+        if len(saved["masks"]):
+          break
+    except (OSError, KeyError):
+      pass
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGINT)
+  stdout, stderr = proc.communicate(timeout=timeout)
+  return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def shown_line(stderr: str, returncode: int, message: str) -> tuple[str, bool]:
+  """The line a case shows (the last; with exit status 0 the first holding `message`, without absl's log prefix),
+  and whether the model loaded before it."""
+  lines = [line for line in stderr.splitlines() if line.strip()]
+  at = len(lines) - 1
+  if returncode == 0:
+    at = next((i for i, line in enumerate(lines) if message in line), -1)
+  if at < 0:
+    return "", any(LOADED.search(line) for line in lines)
+  return LOG_PREFIX.sub("", lines[at]), any(LOADED.search(line) for line in lines[:at])
+
+
 def run_case(case: Case, ctx: Context) -> Outcome:
   if case.setup is not None:
     case.setup(ctx)
   args = [ctx.fill(a) for a in (LOCALIZE if case.command == "localize" else EVALUATE) + case.args]
   env = _env(**dict(case.env))
   try:
-    if case.mount is None:
+    if case.interrupt is not None:
+      proc = interrupt_command(case.command, args, env, ctx.fill(case.interrupt))
+      checked = True
+    elif case.mount is None:
       proc = run_command(case.command, args, env)
       checked = case.check is None or subprocess.run(ctx.fill(case.check), shell=True, cwd=ROOT,
                                                      env=env).returncode == 0
@@ -248,7 +336,8 @@ def run_case(case: Case, ctx: Context) -> Outcome:
     for helper in ctx.helpers:
       helper.kill()
       helper.wait()
-  return Outcome(case, proc.returncode, proc.stderr, bool(LOADED.search(proc.stderr)), checked)
+  return Outcome(case, proc.returncode, proc.stderr, *shown_line(proc.stderr, proc.returncode, ctx.fill(case.message)),
+                 checked)
 
 
 def make_base_run(tmp: str, model: str, task: str) -> str:
@@ -261,7 +350,7 @@ def make_base_run(tmp: str, model: str, task: str) -> str:
 
 def command_shown(case: Case) -> str:
   """The case's command as the table shows it: its flags after the usual ones, paths as placeholders."""
-  return " ".join([case.command, *case.args]).format(tmp="<tmp>", out="<tmp>/run")
+  return " ".join([case.command, *case.args]).format(tmp="<tmp>", out="<tmp>/run", task="<task>")
 
 
 def table(outcomes: list[Outcome], replacements: dict[str, str]) -> str:
@@ -273,10 +362,10 @@ def table(outcomes: list[Outcome], replacements: dict[str, str]) -> str:
     text = re.sub(r"pid \d+ on \S+\)", "pid <pid> on <host>)", text)
     return text.replace("|", "\\|")
 
-  rows = ["| Bad input | Command (after the usual flags) | What the user sees (the one line on stderr) | Exit | "
-          "Before the model loads |", "|---|---|---|---|---|"]
+  rows = ["| Bad input | Command (after the usual flags) | What the user sees (the one line on stderr; a warning "
+          "without its log prefix) | Exit | Before the model loads |", "|---|---|---|---|---|"]
   for o in outcomes:
-    rows.append(f"| {o.case.tried} | `{shown(command_shown(o.case))}` | `{shown(o.last_line)}` | {o.returncode} | "
+    rows.append(f"| {o.case.tried} | `{shown(command_shown(o.case))}` | `{shown(o.line)}` | {o.returncode} | "
                 f"{'no' if o.loaded else 'yes'} |")
   return "\n".join(rows) + "\n"
 
@@ -300,7 +389,7 @@ def main(argv: list[str]) -> None:
       tmp = os.path.join(root, case.name)
       os.makedirs(tmp)
       outcome = run_case(case, Context(tmp, model, task, base))
-      print(f"{case.name}: exit {outcome.returncode}, loaded {outcome.loaded}: {outcome.last_line}", file=sys.stderr)
+      print(f"{case.name}: exit {outcome.returncode}, loaded {outcome.loaded}: {outcome.line}", file=sys.stderr)
       outcomes.append(outcome)
     rendered = table(outcomes, {os.path.join(root, c.name): "<tmp>" for c in CASES}
                      | {model: "<model>", task: "<task>", socket.gethostname(): "<host>"})

@@ -7,8 +7,9 @@ import pytest
 from absl import flags
 
 from jaxloc import cli
+from jaxloc.config import default_of, flag_fields
 from jaxloc.localize.run import load_tasks
-from jaxloc.localize.settings import LocalizeSettings, default_of, flag_fields
+from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.main import localize
 from jaxloc.models.loading import ALIASES, resolve
 from jaxloc.tasks.registry import get_task

@@ -25,10 +25,8 @@ def metrics():
   return {"accuracy": accuracy, "logprob": logprob}
 
 
-OPTIONS = {"cs_stratified": dict(num_masks=40, ablation_rate=0.25), "cs_bernoulli": dict(num_masks=40, ablation_rate=0.25),
-           "one_shot_greedy": {}, "greedy": dict(top_k=2), "gradient_confirm": dict(num_masks=5),
-           "two_stage": dict(num_masks=30, ablation_rate=0.25),
-           "learned_mask": dict(num_masks=5, mask_steps=40), "cnl": dict(unit="neurons")}
+# Every registered method, each run with its own `example_options` (a new method file brings its own: no table here).
+NAMES = sorted(methods.names())
 
 
 def attribution(docs=10, seed=0):
@@ -40,14 +38,39 @@ def attribution(docs=10, seed=0):
   return scores
 
 
-def test_every_registered_method_is_covered_here():
-  assert set(methods.names()) == set(OPTIONS)
+def options(name):
+  return dict(methods.get(name).example_options)
 
 
-@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_every_method_module_is_discovered():
+  """Each module of the package but `base` holds methods, and each of them is registered."""
+  import pkgutil
+
+  modules = {m.name for m in pkgutil.iter_modules(methods.__path__)} - {"base"}
+  assert {type(methods.get(name)).__module__.rsplit(".", 1)[1] for name in NAMES} == modules
+  assert {"cs_stratified", "two_stage", "learned_mask", "cnl"} <= set(NAMES)
+
+
+def test_no_two_methods_flags_clash_and_today_flag_names_are_kept():
+  """A flag belongs to one method, or to methods sharing one settings dataclass (the same field), and none is a
+  run-wide setting's; the derived prefix (name + "_") and the kept ones give today's flag names."""
+  from jaxloc.localize.settings import LocalizeSettings
+
+  run_wide = set(LocalizeSettings.flag_fields()) - set(methods.flag_fields())
+  seen = {}
+  for name in NAMES:
+    for flag, field in methods.get(name).flag_fields().items():
+      assert flag not in run_wide, f"{name}'s --{flag} is a run-wide setting"
+      assert seen.setdefault(flag, field) is field, f"--{flag} of {name} clashes with another method's"
+  assert {methods.get(n).flag_prefix for n in ("cnl", "learned_mask", "two_stage", "cs_stratified")} == {
+      "cnl_", "mask_", "screen_", ""}
+  assert {"cnl_steps", "mask_steps", "mask_l0", "screen_fraction", "ablation_rate", "lasso_alpha"} <= set(seen)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_each_method_measures_resumes_and_ranks_through_the_protocol(name):
   method = methods.get(name)
-  settings = helpers.settings(name, **OPTIONS[name])
+  settings = helpers.settings(name, **options(name))
   settings.check()
   assert isinstance(method.measurement_settings(settings), dict)
   gradient = -EFFECTS + 0.001 * np.arange(N)  # -d score / d keep: a first-order view of the planted effects
@@ -68,9 +91,9 @@ def test_each_method_measures_resumes_and_ranks_through_the_protocol(name):
   assert resumed_plan.rank(again).order.tolist() == ranking.order.tolist()
 
 
-@pytest.mark.parametrize("name", sorted(OPTIONS))
+@pytest.mark.parametrize("name", NAMES)
 def test_saved_masks_from_other_settings_are_refused(name):
-  settings = helpers.settings(name, **OPTIONS[name])
+  settings = helpers.settings(name, **options(name))
   plan = methods.get(name).plan(settings, helpers.context(L, H, gradient=-EFFECTS,
                                                           objective=helpers.PlantedObjective(-EFFECTS[None])))
   first = plan.next_masks(helpers.drive(plan, metrics(), L, H, stop_after=0))

@@ -15,11 +15,12 @@ import pytest
 from absl import flags
 
 from jaxloc import cli
+from jaxloc.config import setting
 from jaxloc.errors import UserError
 from jaxloc.localize import methods
 from jaxloc.localize.methods.base import Method, confirmation_plan
 from jaxloc.localize.run import load_tasks
-from jaxloc.localize.settings import LocalizeSettings, setting
+from jaxloc.localize.settings import LocalizeSettings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -125,19 +126,31 @@ def test_the_runner_runs_it_end_to_end_and_resumes_only_with_its_settings(random
 
 
 def test_registration_refuses_taken_flags_and_names(random_ranking):
+  # Declared prefixes (a derived one, the method's name, would keep them apart).
   @dataclasses.dataclass
   class Clashing:
+    flag_prefix: ClassVar[str] = ""
     lasso_alpha: str = setting("cv", "Another field under a taken flag name.")
 
   @dataclasses.dataclass
   class RunWide:
+    flag_prefix: ClassVar[str] = ""
     seed: int = setting(1, "A run-wide setting's name.")
 
-  for settings_class, taken in ((Clashing, "--lasso_alpha"), (RunWide, "--seed")):
-    clash = dataclasses.replace(RandomRanking(), name="clash")
-    object.__setattr__(clash, "settings_class", settings_class)
-    with pytest.raises(ValueError, match=f"flag {taken} is taken"):
-      methods.register(clash)
+  clash = dataclasses.replace(RandomRanking(), name="clash")
+  object.__setattr__(clash, "settings_class", Clashing)
+  with pytest.raises(ValueError, match="flag --lasso_alpha is taken"):
+    methods.register(clash)
+  # A run-wide setting's name: the run settings, which compose every method's flags with theirs, refuse it.
+  object.__setattr__(clash, "settings_class", RunWide)
+  methods.register(clash)
+  try:
+    for compose in (LocalizeSettings.flag_fields, lambda: LocalizeSettings.make(task="counting", output_dir="x",
+                                                                                method="clash")):
+      with pytest.raises(ValueError, match="flag --seed is taken by the run-wide settings"):
+        compose()
+  finally:
+    methods.unregister("clash")
   with pytest.raises(ValueError, match="registered already"):
     methods.register(RandomRanking())
   assert "clash" not in methods.names()

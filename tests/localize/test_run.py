@@ -53,6 +53,23 @@ def test_user_errors_are_found_before_any_model_loads(tmp_path, changes, message
     load_tasks(settings)
 
 
+def test_the_target_or_a_repeat_in_general_tasks_is_left_out_with_a_warning(tmp_path, caplog):
+  """Said before any model loads, one warning line each, naming what is left out and what is measured."""
+  from tests.experiments.reliability import CAPITALS, write_task
+
+  task = write_task(str(tmp_path / "capitals.jsonl"), CAPITALS)
+  settings = LocalizeSettings.make(task=task, output_dir=str(tmp_path / "run"), num_samples=8, validate=False,
+                                   general_tasks=["counting", f"{tmp_path}/./capitals.jsonl", "counting"],
+                                   general_samples=4)
+  with caplog.at_level("WARNING"):
+    tasks = load_tasks(settings)
+  assert [t.name for t in tasks.general] == ["counting"]
+  assert [r.getMessage() for r in caplog.records] == [
+      "--general_tasks names counting more than once: each is measured once",
+      f"--general_tasks includes the target, {tmp_path}/./capitals.jsonl: it is left out of the general tasks (the "
+      "target's own drop is measured anyway); the general tasks are counting"]
+
+
 @pytest.mark.heavy  # over 3.5 s on a quiet 2-core machine
 def test_selection_universal_heads_and_confidence_follow_their_stated_rules(tokenizer, tmp_path):
   """On a tiny random model (whatever its heads do): every selected head's estimated general drops are within

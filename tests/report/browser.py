@@ -81,8 +81,9 @@ class Browser:
         raise RuntimeError("the page did not finish loading")
       time.sleep(0.1)
 
-  def evaluate(self, expression: str):
-    result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+  def evaluate(self, expression: str, wait: bool = False):
+    """The value of a JavaScript expression (with `wait`, of the promise it returns)."""
+    result = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=wait)
     if "exceptionDetails" in result:
       raise RuntimeError(result["exceptionDetails"])
     return result["result"].get("value")

@@ -47,14 +47,41 @@ def test_the_default_run_page_in_a_real_browser(default_run, tmp_path):
     assert browser.evaluate("document.querySelectorAll('#heatmap rect.cell').length") == 270
     assert browser.evaluate("document.getElementById('top-units').textContent").endswith(
         "L8H1L20H5L12H8L12H5L3H7")
-    browser.click('#heatmap rect[data-unit="L20H5"]')
+    browser.click('#heatmap rect[data-unit="L20H5"]')  # selected
     details = browser.evaluate("document.getElementById('details').innerText")
     h = heads["L20H5"]
-    assert details.startswith("L20H5") and f"value {h['score']:.4f}" in details
+    assert details.startswith("L20H5") and f"value {h['score']:.3f}" in details
+    assert "selected: #2 of the top-5" in details
     assert f"selected in {100 * h['selection_frequency']:.1f}% of bootstrap resamples" in details
     for task, drop in h["held_out_single_head_drop"].items():
       assert re.search(rf"{task}\s.*{100 * drop:.1f}%", details), (task, details)
     assert browser.evaluate("document.querySelectorAll('#specificity-curve polyline').length") >= 2
+    # Never measured (gradient_confirm ablated 60 of 270 heads alone): hatched, and no value.
+    unmeasured = [n for n, u in heads.items() if all(v is None for v in u["estimated_relative_drop"].values())]
+    assert len(unmeasured) == 210
+    assert browser.evaluate("document.querySelectorAll('#heatmap rect.cell.unmeasured').length") == 210
+    assert browser.evaluate("document.querySelector('#heatmap rect[data-unit=\"L0H0\"]').getAttribute('fill')") == (
+        "url(#unmeasured)")
+    browser.click('#heatmap rect[data-unit="L0H0"]')
+    details = browser.evaluate("document.getElementById('details').innerText")
+    assert details.startswith("L0H0") and "not measured" in details
+    assert not re.search(r"value -?\d|interval|0\.000", details), details
+    # Rejected by the confirmation: its reason, rounded.
+    browser.click('#heatmap rect[data-unit="L14H1"]')
+    details = browser.evaluate("document.getElementById('details').innerText")
+    assert "rejected: ablated alone on the identification documents it drops arithmetic_1d_4shot 57%" in details
+    browser.click('#heatmap rect[data-unit="L1H5"]')
+    assert "universal: ablated alone (held-out) it drops plurals 88%" in browser.evaluate(
+        "document.getElementById('details').innerText")
+    # A colour legend and axis titles; the head table as CSV.
+    assert browser.evaluate("document.querySelectorAll('#legend rect').length") > 10
+    assert browser.evaluate("[...document.querySelectorAll('#heatmap .axis-title')].map(t => t.textContent)") == [
+        "head", "layer"]
+    csv = browser.evaluate("fetch(document.getElementById('download-csv').href).then(r => r.text())", wait=True)
+    lines = csv.splitlines()
+    assert lines[0].startswith("name,layer,head,measured,value") and len(lines) == 271
+    assert next(line for line in lines if line.startswith("L0H0,")).startswith("L0H0,0,0,false,,")
+    assert browser.evaluate("document.getElementById('examples')") is None  # the committed run predates examples
     browser.screenshot(str(tmp_path / "report.png"))
     image = imread(str(tmp_path / "report.png"))
     assert image.shape[0] > 600 and image.shape[1] > 800
@@ -76,6 +103,30 @@ def test_a_neuron_run_page_in_a_real_browser(tmp_path):
     second = browser.evaluate("document.querySelectorAll('tr.clickable')[1].dataset.unit")
     browser.click(f'tr.clickable[data-unit="{second}"]')
     assert browser.evaluate("document.getElementById('details').innerText").startswith(second)
+    assert browser.errors == []
+  finally:
+    browser.close()
+
+
+def test_a_runs_examples_show_on_its_page(default_run):
+  """examples.json (jaxloc.localize.examples) as the page shows it: per task, the prompt, target and both outputs."""
+  import json
+
+  from tests.report.browser import Browser
+
+  record = {"k": 5, "heads": ["L8H1", "L20H5", "L12H8", "L12H5", "L3H7"], "per_task": 1, "max_new_tokens": 12,
+            "tasks": {"plurals": {"metric": "accuracy", "examples": [
+                {"prompt": "dog: dogs\nmouse:", "prompt_truncated": False, "target": " mice", "unablated": " mice",
+                 "ablated": " mouses", "unablated_score": 1.0, "ablated_score": 0.0}]}}}
+  with open(os.path.join(default_run, "examples.json"), "w") as f:
+    json.dump(record, f)
+  browser = Browser()
+  try:
+    browser.open(write_page(default_run))
+    text = browser.evaluate("document.getElementById('examples').innerText")
+    assert "L8H1, L20H5, L12H8, L12H5, L3H7 together" in text
+    row = browser.evaluate("[...document.querySelectorAll('#examples tr')[1].cells].map(c => c.textContent)")
+    assert row == ["dog: dogs\nmouse:", " mice", " mice", " mouses", "1.00 → 0.00"], row
     assert browser.errors == []
   finally:
     browser.close()

@@ -70,6 +70,14 @@ ATTACKS = (
         local = struct.pack("=QQ", ctypes.addressof(target), 6)
         remote = struct.pack("=QQ", ctypes.addressof(source), 6)
         return "read " + str(call("process_vm_readv", os.getpid(), local, 1, remote, 1, 0)) + " bytes\""""),
+    Attack("open a process by its pid", "`pidfd_open`", """
+        return "pidfd " + str(call("pidfd_open", os.getpid(), 0))"""),
+    Attack("take a file descriptor from a process", "`pidfd_getfd`", """
+        try:
+          pidfd = os.pidfd_open(os.getpid())  # refused too, where the filter is: then the call below is tried alone
+        except OSError:
+          pidfd = -1
+        return "fd " + str(call("pidfd_getfd", pidfd, 0, 0))"""),
     Attack("open a file by its handle", "`open_by_handle_at`", """
         handle = ctypes.create_string_buffer(struct.pack("=Ii", 128, 0) + bytes(128))
         libc.name_to_handle_at(-100, b"/usr", handle, ctypes.byref(ctypes.c_int()), 0)

@@ -9,6 +9,8 @@ import os
 import queue
 import re
 import struct
+import subprocess
+import sys
 import textwrap
 import uuid
 
@@ -78,6 +80,25 @@ def test_x32_numbers_are_refused():
 def test_an_unknown_architecture_has_no_filter():
   with pytest.raises(syscall_filter.UnknownArchitecture, match="riscv64"):
     syscall_filter.instructions("riscv64")
+
+
+def test_on_an_unknown_architecture_the_child_says_so_in_one_setup_line():
+  """The child's last step (`_child._restrict_system_calls`) on a machine with no table: the one-line setup failure
+  (exit status SETUP_FAILED), no traceback; in a subprocess, as the child itself runs."""
+  child = os.path.join(ROOT, "jaxloc", "sandbox", "_child.py")
+  code = textwrap.dedent(f"""
+      import importlib.util
+      spec = importlib.util.spec_from_file_location("child", {child!r})
+      child = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(child)
+      child.syscall_filter.machine = lambda: "riscv64"
+      child._restrict_system_calls()
+      """)
+  result = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+  assert result.returncode == 111, result.stderr  # _child.SETUP_FAILED
+  assert result.stderr.splitlines() == [
+      "jaxloc-sandbox-setup-failed: system-call filter: no system-call filter for architecture 'riscv64' (known: "
+      "x86_64, aarch64): "]
 
 
 @pytest.mark.parametrize("arch", sorted(syscall_filter.SYSCALLS))

@@ -1,55 +1,66 @@
-"""The registry of localization methods: every method is registered here once, by name (`register`).
+"""The registry of localization methods: every module of this package but `base` holds methods (its `METHODS`, a
+tuple of `Method` instances), found by `discover` and registered by name (`register`) in their `listing_order`.
 
 The protocol (`base.Method`, `base.Plan`), the loop that measures a plan (`base.drive`) and the ranking rule are in
-`base.py`; one file per method. Registering is all a new method needs: its settings become flags of
-`experiments.localize` and keywords of `jaxloc.run_localization` (`flag_fields`), the runner and the efficiency
-benchmark drive it through the protocol, and help texts and error messages list it.
+`base.py`. A new method is one new file in this package: its settings become flags of `experiments.localize` (under
+the prefix `Method.flag_prefix`, derived from its name) and keywords of `jaxloc.run_localization` (`flag_fields`),
+the runner and the efficiency benchmark drive it through the protocol, help texts and error messages list it, and
+the method tests run it on its own `example_options`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 
 from jaxloc.errors import UserError
 from jaxloc.localize.methods.base import NEEDS, Context, Measured, Method, Plan, Ranking, drive
-from jaxloc.localize.methods.cnl import CommonalityNeurons
-from jaxloc.localize.methods.compressed_sensing import CompressedSensing
-from jaxloc.localize.methods.gradient_confirm import GradientConfirm
-from jaxloc.localize.methods.greedy import IterativeGreedy, OneShotGreedy
-from jaxloc.localize.methods.learned_mask import LearnedMask
-from jaxloc.localize.methods.two_stage import TwoStage
 
 UNITS = ("heads", "neurons")
 DEFAULT = "cs_stratified"  # --method's default: the paper's method
-
-_REGISTRY: dict[str, Method] = {}
 # The method the default flagfile runs, and any other caller that wants one gradient over every unit followed by a
 # few single-unit confirmations (the scale rehearsal): the cheapest method that still measures what it selects.
 DEFAULT_RUN = "gradient_confirm"
 
+_REGISTRY: dict[str, Method] = {}
+
 
 def register(method: Method) -> None:
-  """Adds `method` under its name. Its declarations must be known ones, and its flags free: no run-wide setting's
-  name, no other method's flag from another field (methods that share a settings dataclass share its flags)."""
-  from jaxloc.localize.settings import LocalizeSettings, declared_flag_fields, flag_fields as fields_of
-
+  """Adds `method` under its name. Its declarations must be known ones, and its flags free: no other method's flag
+  from another field (methods that share a settings dataclass share its flags). The run settings
+  (`LocalizeSettings`) refuse a method whose flag is one of theirs when they compose their flags."""
   if method.name in _REGISTRY:
     raise ValueError(f"a method named {method.name!r} is registered already")
-  run_wide = declared_flag_fields(LocalizeSettings)
   problems = []
   if set(method.needs) - set(NEEDS):
     problems.append(f"needs {sorted(set(method.needs) - set(NEEDS))} (known: {', '.join(NEEDS)})")
   if not method.units or set(method.units) - set(UNITS):
     problems.append(f"units {list(method.units)} (known: {', '.join(UNITS)})")
-  problems += [f"run setting {name!r} is no LocalizeSettings field" for name in method.run_settings
-               if name not in run_wide]
   taken = _flag_fields()
-  for name, field in fields_of(method.settings_class).items():
-    if name in run_wide or (name in taken and taken[name] is not field):
-      problems.append(f"flag --{name} is taken by " + (", ".join(owners(name)) or "the run-wide settings"))
+  for name, field in method.flag_fields().items():
+    if name in taken and taken[name] is not field:
+      problems.append(f"flag --{name} is taken by " + ", ".join(owners(name)))
   if problems:
     raise ValueError(f"cannot register method {method.name!r}: " + "; ".join(problems))
   _REGISTRY[method.name] = method
+
+
+def discover(package_path=None, package: str = __name__) -> list[str]:
+  """Registers the methods of every module of this package (or of the modules under `package_path`, imported as
+  submodules of `package`) not registered yet, by `Method.listing_order` (the order `names()` lists them in: help
+  texts, error messages, the efficiency benchmark's default variants), a method without one last, by name; returns
+  their names."""
+  new = []
+  for module_info in pkgutil.iter_modules(__path__ if package_path is None else package_path):
+    if module_info.name == "base":
+      continue
+    module = importlib.import_module(f"{package}.{module_info.name}")
+    new += [method for method in getattr(module, "METHODS", ()) if _REGISTRY.get(method.name) is not method]
+  ordered = sorted(new, key=lambda m: (m.listing_order, m.name))
+  for method in ordered:
+    register(method)
+  return [method.name for method in ordered]
 
 
 def unregister(name: str) -> Method:
@@ -79,11 +90,9 @@ def flag_fields() -> dict[str, dataclasses.Field]:
 
 
 def _flag_fields() -> dict[str, dataclasses.Field]:
-  from jaxloc.localize.settings import flag_fields as fields_of
-
   fields: dict[str, dataclasses.Field] = {}
   for method in _REGISTRY.values():
-    fields.update(fields_of(method.settings_class))
+    fields.update(method.flag_fields())
   return fields
 
 
@@ -98,9 +107,7 @@ def _with_owners(name: str, field: dataclasses.Field) -> dataclasses.Field:
 
 def owners(flag: str) -> list[str]:
   """The registered methods that take flag `flag`."""
-  from jaxloc.localize.settings import flag_fields as fields_of
-
-  return [name for name, method in _REGISTRY.items() if flag in fields_of(method.settings_class)]
+  return [name for name, method in _REGISTRY.items() if flag in method.flag_fields()]
 
 
 def run_setting_meanings(setting: str) -> list[tuple[str, str]]:
@@ -108,20 +115,7 @@ def run_setting_meanings(setting: str) -> list[tuple[str, str]]:
   return [(name, method.run_settings[setting]) for name, method in _REGISTRY.items() if setting in method.run_settings]
 
 
-# Registration order is the order of help texts, error messages and the efficiency benchmark's default variants.
-for _method in (
-    OneShotGreedy(),
-    CompressedSensing("cs_stratified", "stratified", efficiency_variants=(
-        "", "logprob", "nonpositive", "r0.03-upto{cap}", "logprob-r0.03-upto{cap}")),
-    CompressedSensing("cs_bernoulli", "bernoulli", efficiency_variants=("upto{cap}",)),
-    IterativeGreedy(),
-    TwoStage(),
-    GradientConfirm(),
-    LearnedMask(),
-    CommonalityNeurons(),
-):
-  register(_method)
+discover()
 
-
-__all__ = ["Context", "Measured", "Method", "Plan", "Ranking", "drive", "flag_fields", "get", "names", "names_for",
-           "owners", "register", "unregister"]
+__all__ = ["Context", "Measured", "Method", "Plan", "Ranking", "discover", "drive", "flag_fields", "get",
+           "names", "names_for", "owners", "register", "unregister"]

@@ -4,12 +4,16 @@ the ranking rule.
 Axes: `masks` M, `layers` L, `heads` H; N = L * H heads flattened row-major (flat = layer * H + head).
 Masks are bool (True = ablated); metrics are task scores under each mask (higher = better).
 
-A `Method` (subclass it; register an instance once with `methods.register`) is one file. It declares
-  - its own settings dataclass (`settings_class`, fields made with `settings.setting`, a `flag_prefix`): the
-    registry turns them into flags and keywords, and a run holds them as `settings.method_settings`;
+A `Method` (subclass it; list its instances in the module's `METHODS`) is one file in `jaxloc.localize.methods`,
+found by the registry. It declares
+  - its own settings dataclass (`settings_class`, fields made with `jaxloc.config.setting`): the registry turns
+    them into flags and keywords under the prefix `flag_prefix` (the method's name and "_"), and a run holds them
+    as `settings.method_settings`;
   - the run-wide settings it reads and what they mean for it (`run_settings`, e.g. --num_masks: "design masks"),
   - what it needs from the run (`needs`, empty by default: the mask gradient, the relaxed objective, the
     attribution, a scored target, scored general tasks) and the units it localizes (`units`);
+  - example options (`example_options`): keywords of `LocalizeSettings.make` that run it on a small problem (3
+    layers × 4 heads, three planted heads, a few dozen masks), which the method tests run every method with;
 and for a run it
   - checks its settings (`check`, before any model loads),
   - names the settings its saved measurements depend on (`measurement_settings`; a resume must match): by default
@@ -17,7 +21,7 @@ and for a run it
   - makes a `Plan` (`plan(settings, context)`): what to measure next given what is measured
     (`next_masks`, None when done), and how to rank every head from the measurements (`rank`),
   - makes the plan a bootstrap re-estimates with (`bootstrap_plan`; by default the same plan).
-The runner (`localize/run.py`) and the efficiency benchmark (`bench/sweep.py`) drive plans with the same `drive`
+The runner (`localize/run.py`) and the efficiency benchmark (`bench/variants.py`) drive plans with the same `drive`
 and never ask which method they hold. Every plan is resumable: given saved measurements it continues where they
 end (its masks are a function of the settings and the measured scores).
 
@@ -33,6 +37,7 @@ evidence in every measured quantity (e.g. excluded heads, never ablated) stay in
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 from typing import Any, Callable, Mapping, Protocol
@@ -40,8 +45,8 @@ from typing import Any, Callable, Mapping, Protocol
 import numpy as np
 
 from jaxloc import files
+from jaxloc.config import declared_flag_fields, flag_values
 from jaxloc.errors import UserError
-from jaxloc.localize.settings import flag_values
 
 
 @dataclasses.dataclass
@@ -156,9 +161,26 @@ class Method:
   # The run-wide settings (LocalizeSettings fields) it reads, each with what it means for this method (shown in
   # that flag's help); its saved measurements depend on them.
   run_settings: Mapping[str, str] = types.MappingProxyType({})
-  # Its variants in the efficiency benchmark's default set (`bench.sweep.parse_variant` tokens after the name, ""
+  # Its variants in the efficiency benchmark's default set (`bench.variants.parse_variant` tokens after the name, ""
   # for the method at its defaults; "{cap}" is the budget cap the benchmark gives costly variants).
   efficiency_variants: tuple[str, ...] = ()
+  # Where it stands in the registry's listing (`names()`: help texts, error messages, the efficiency benchmark's
+  # default variants), lowest first; a method that sets none comes after those that do, by name.
+  listing_order: float = math.inf
+  # Keywords of `LocalizeSettings.make` (run-wide settings and its own flags) for a small example problem: 3 layers
+  # × 4 heads with three planted heads (tests/localize/test_methods.py runs every method on it).
+  example_options: Mapping[str, Any] = types.MappingProxyType({})
+
+  @property
+  def flag_prefix(self) -> str:
+    """What its settings' flags start with: the method's name and "_", unless its settings class declares a
+    `flag_prefix` (the names some methods' flags had before the prefix was derived: kept, so flagfiles still
+    work)."""
+    return getattr(self.settings_class, "flag_prefix", f"{self.name}_")
+
+  def flag_fields(self) -> dict[str, dataclasses.Field]:
+    """Its own flags by name (`flag_prefix` + field; a nested settings class's under that class's prefix)."""
+    return declared_flag_fields(self.settings_class, self.flag_prefix)
 
   def check(self, settings) -> None:
     """UserError naming the flag if this method cannot run with `settings` (bounds are checked already)."""
@@ -168,7 +190,7 @@ class Method:
     """The settings its saved measurements depend on, by flag name: the run-wide ones it reads, and its own fields
     marked `measured`."""
     return {**{k: getattr(settings, k) for k in self.run_settings},
-            **flag_values(settings.method_settings, measured_only=True)}
+            **flag_values(settings.method_settings, measured_only=True, prefix=self.flag_prefix)}
 
   def plan(self, settings, context: "Context") -> Plan:
     """The run's plan: `settings` is the LocalizeSettings (its `method_settings` an instance of `settings_class`),

@@ -19,18 +19,19 @@ Axes: `docs` D, N = layers × neurons flattened (flat = layer * F + index).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+import types
+from typing import Any
 
 import numpy as np
 
+from jaxloc.config import setting
 from jaxloc.errors import UserError
 from jaxloc.localize.methods.base import ATTRIBUTION, SCORED_TARGET, Context, Measured, Method, Ranking, rank_by
-from jaxloc.localize.settings import setting
 
 
 @dataclasses.dataclass
 class CommonalitySettings:
-  flag_prefix: ClassVar[str] = "cnl_"
+  """Its flags: --cnl_steps, --cnl_threshold, --cnl_commonality (the prefix is the method's name)."""
 
   steps: int = setting(20, "Integrated-gradients steps along the 0 -> activation path.", lower=1, measured=True)
   threshold: float = setting(0.2, "A document selects the neurons whose attribution is above this fraction of its "
@@ -104,9 +105,14 @@ class CommonalityPlan:
 @dataclasses.dataclass(frozen=True)
 class CommonalityNeurons(Method):
   name: str = "cnl"
+  listing_order = 80
   units = ("neurons",)
   needs = frozenset({ATTRIBUTION, SCORED_TARGET})
   settings_class = CommonalitySettings
+  example_options = types.MappingProxyType({"unit": "neurons"})
 
   def plan(self, settings, context: Context) -> CommonalityPlan:
     return CommonalityPlan(settings, context)
+
+
+METHODS = (CommonalityNeurons(),)

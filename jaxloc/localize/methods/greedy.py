@@ -20,6 +20,7 @@ class OneShotGreedy(Method):
 
   name: str = "one_shot_greedy"
   units = ("heads", "neurons")
+  listing_order = 10  # listed first (`Method.listing_order`)
   run_settings = types.MappingProxyType({"num_masks": "heads ablated alone (a seeded random subset when fewer than "
                                                       "all)"})
   efficiency_variants = ("",)
@@ -119,7 +120,12 @@ class IterativeGreedy(Method):
 
   name: str = "greedy"
   units = ("heads",)
+  listing_order = 40
   run_settings = types.MappingProxyType({"top_k": "also its rounds (about top_k × N evaluations)"})
+  example_options = types.MappingProxyType({"top_k": 2})
 
   def plan(self, settings, context: Context) -> IterativeGreedyPlan:
     return IterativeGreedyPlan(context, settings.top_k)
+
+
+METHODS = (OneShotGreedy(), IterativeGreedy())

@@ -43,11 +43,11 @@ import optax
 from tqdm import tqdm
 
 from jaxloc import files
+from jaxloc.config import setting
 from jaxloc.errors import UserError
 from jaxloc.heads import head_name
 from jaxloc.localize.methods.base import (OBJECTIVE, SCORED_GENERAL_TASKS, SCORED_TARGET, Context, FixedDesignPlan,
                                           Method, confirmation_plan, rank_by)
-from jaxloc.localize.settings import setting
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +65,14 @@ STATE_FILE = "learned_mask_state.npz"
 class LearnedMaskSettings:
   """The gate training (flags --mask_steps, --mask_l0, ...); every field changes the gates, so the measurements."""
 
+  # Not the derived "learned_mask_": the names these flags had before prefixes were derived, kept for flagfiles.
   flag_prefix: ClassVar[str] = "mask_"
 
   steps: int = setting(60, "Adam steps of the gate training.", lower=1, measured=True)
   restarts: int = setting(2, "Restarts (different initial gates and noise) per L0 strength.", lower=1, measured=True)
   l0: list = setting([0.005, 0.02], "L0 penalty strengths (cost of each expected ablated head against the target's "
                      "retained probability in [0, 1]); every restart x strength is one configuration, all trained "
-                     "together.", element=float, measured=True)
+                     "together.", element=float, lower=0.0, measured=True)
   general_weight: float = setting(1.0, "Weight of the general tasks' lost probability in the loss.", lower=0.0,
                                   measured=True)
   learning_rate: float = setting(1.0, "Adam's initial learning rate on the gate logits (cosine-decayed to 0).",
@@ -208,17 +209,17 @@ def screen_order(log_alpha: np.ndarray, excluded: np.ndarray) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class LearnedMask(Method):
   name: str = "learned_mask"
+  listing_order = 70
   units = ("heads",)
   needs = frozenset({OBJECTIVE, SCORED_TARGET, SCORED_GENERAL_TASKS})
   settings_class = LearnedMaskSettings
   run_settings = types.MappingProxyType({"num_masks": "heads confirmed by ablation, most often gated first"})
+  example_options = types.MappingProxyType({"num_masks": 5, "mask_steps": 40})
 
   def check(self, settings) -> None:
     l0 = settings.method_settings.l0
     if not l0:
       raise UserError("--mask_l0 must name at least one L0 penalty strength")
-    if any(v < 0 for v in l0):
-      raise UserError(f"--mask_l0={list(l0)} must be ≥ 0")
 
   def plan(self, settings, context: Context) -> FixedDesignPlan:
     options = settings.method_settings
@@ -231,3 +232,6 @@ class LearnedMask(Method):
                                                            for h in np.flatnonzero(row > 0.5)]
                               for r, v, row in zip(*configurations(options), ablation)}}
     return confirmation_plan(screen_order(log_alpha, context.excluded), settings.num_masks, context, facts)
+
+
+METHODS = (LearnedMask(),)

@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from jaxloc.config import nested, setting
 from jaxloc.localize import designs
 from jaxloc.localize.methods.base import (Context, Measured, Method, Ranking, check_prefix, remaining,
                                           single_head_masks, single_head_ranking)
 from jaxloc.localize.methods.compressed_sensing import DesignSettings, check_design_settings, design_order, lasso
-from jaxloc.localize.settings import nested, setting
 
 
 def screen_size(num_masks: int, screen_fraction: float) -> int:
@@ -33,6 +33,7 @@ def screen_size(num_masks: int, screen_fraction: float) -> int:
 
 @dataclasses.dataclass
 class TwoStageSettings:
+  # Not the derived "two_stage_": the name --screen_fraction had before prefixes were derived, kept for flagfiles.
   flag_prefix: ClassVar[str] = "screen_"
 
   fraction: float = setting(0.5, "Fraction of --num_masks spent on the compressed-sensing screen; the rest ablate "
@@ -91,13 +92,15 @@ class TwoStagePlan:
 @dataclasses.dataclass(frozen=True)
 class TwoStage(Method):
   name: str = "two_stage"
+  listing_order = 50
   units = ("heads",)
   settings_class = TwoStageSettings
   run_settings = types.MappingProxyType({"num_masks": "screen masks plus single-head confirmations"})
   efficiency_variants = ("", "logprob")
+  example_options = types.MappingProxyType({"num_masks": 30, "ablation_rate": 0.25})
 
   def check(self, settings) -> None:
-    check_design_settings(settings, settings.method_settings.design, 3)  # a screen of ≥ 2 masks, ≥ 1 confirmation
+    check_design_settings(settings, 3)  # a screen of ≥ 2 masks, ≥ 1 confirmation
 
   def plan(self, settings, context: Context) -> TwoStagePlan:
     options = settings.method_settings
@@ -106,3 +109,6 @@ class TwoStage(Method):
                                  ablation_rate=options.design.ablation_rate, seed=settings.seed,
                                  exclude=context.excluded)
     return TwoStagePlan(settings, context, screen, min(settings.num_masks - size, len(context.active_heads())))
+
+
+METHODS = (TwoStage(),)

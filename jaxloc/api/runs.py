@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from jaxloc import files
+from jaxloc.engine.engine import Engine
 from jaxloc.errors import UserError
 from jaxloc.heads import run_file
 from jaxloc.localize.run import Tasks, load_tasks, localize
@@ -94,7 +95,7 @@ def read_run(output_dir: str) -> Run:
              masks, scores, baseline, metrics)
 
 
-def run_localization(engine, task: str | None = None, output_dir: str | None = None, *,
+def run_localization(engine: Engine, task: str | None = None, output_dir: str | None = None, *,
                      settings: LocalizeSettings | None = None, tasks: Tasks | None = None, progress: bool = True,
                      **fields: Any) -> Run:
   """Localizes `task` on `engine`'s model, writes the outputs and plots to `output_dir`, and returns them.

@@ -1,0 +1,28 @@
+"""The patching benchmark runs the shipped `Model.patch` and the PyTorch hook loop on the same IOI pairs, and they
+agree (`jaxloc.bench.patching`)."""
+
+import numpy as np
+import pytest
+
+import jaxloc
+from jaxloc.bench import patching
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.heavy  # the tiny model compiled for four shapes, and a PyTorch forward per head
+def test_patching_benchmark_agrees_with_the_hook_loop(tiny_model_dir, tokenizer):
+  torch_model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+  model = jaxloc.from_hf(torch_model, tokenizer=tokenizer)
+  config = patching.PatchingConfig(pairs=2, repeats=1, score_masks=3)
+  clean, corrupted, answers = patching.ioi_pairs(model, 2)
+  assert len({len(ids) for ids in model.tokens(clean + corrupted)}) == 1
+  assert all(clean[i] != corrupted[i] for i in range(2)) and answers[0][0] != answers[0][1]
+  report = {"patching": patching.patching(model, config, torch_model), "many_masks": patching.many_masks(model, config)}
+  p = report["patching"]
+  assert p["heads"] == model.config.num_layers * model.config.num_heads and p["pairs"] == 2
+  assert p["parity_max_abs_logit"] < 1e-3 and p["parity_max_abs_logit_difference"] < 1e-3
+  assert np.isfinite(p["speedup"]) and p["clean_logit_difference"] != p["corrupted_logit_difference"]
+  assert report["many_masks"]["max_abs_score_difference"] < 1e-3
+  assert "PyTorch hook loop" in patching.format_report(report)
