@@ -8,7 +8,10 @@ writes on every process: it is also for per-host caches.
 
 One run at a time writes a run directory (`hold_run_directory`): process 0 holds an flock on `.jaxloc.lock` in it,
 which the kernel releases when the process ends however it ends (a killed run never leaves the directory held), and
-writes its pid there for the message a second run gets.
+writes its pid there for the message a second run gets, with a token of its own: `atomic_write`'s temporary files in
+the directory are named `<name>.jaxloc-<token>.<random>.tmp`, so the next holder removes exactly those a killed holder
+left (the token it finds in the lock file), never a file of the user's. A command writes no user-named file into a
+run directory it does not hold (`check_writable`).
 
 What a user can fix ends in one line (`UserError`): a disk that is full or read-only while a file is written (every
 file written before is intact: each is replaced whole), a file read back truncated or corrupt (`CorruptFile`).
@@ -29,6 +32,7 @@ import io
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import tempfile
@@ -44,10 +48,14 @@ FAULT_ENV = "JAXLOC_FAULT"
 LOCK_FILE = ".jaxloc.lock"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
-# tempfile.mkstemp's names: atomic_write's temporary files are <name>.<8 of these>.tmp.
-_TEMPORARY = re.compile(r"^.+\.[a-z0-9_]{8}\.tmp$")
+# What marks a directory as a run's: its lock, and the files every run writes first (`localize.measurements`).
+RUN_MARKERS = (LOCK_FILE, "run.json", "measurements.npz")
+# How far below a run directory its own files go (general/<task>/).
+RUN_DEPTH = 2
+_TEMPORARY_TAG = ".jaxloc-"  # <name>.jaxloc-<holder's token>.<tempfile.mkstemp's 8 characters>.tmp
 _fault_calls: collections.Counter = collections.Counter()
 _held: dict[str, int] = {}  # run directories this process holds -> how many holds are open
+_tokens: dict[str, str] = {}  # run directories this process holds the lock of -> the token of its temporary files
 
 
 class CorruptFile(UserError):
@@ -98,7 +106,7 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
   tmp = None
   try:
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=_temporary_prefix(path), suffix=".tmp")
     with os.fdopen(fd, "wb") as f:
       write(f)
       f.flush()
@@ -113,6 +121,25 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
     if failed is not None:
       raise failed from None
     raise
+
+
+def _temporary_prefix(path: str) -> str:
+  """The start of `atomic_write`'s temporary file for `path`: tagged with the token of the run directory this process
+  holds it in (a later holder removes it if a kill leaves it, `_remove_temporaries`), or with no token elsewhere."""
+  held = _holder_of(os.path.dirname(os.path.realpath(path)), _tokens)
+  return os.path.basename(path) + (".jaxloc." if held is None else f"{_TEMPORARY_TAG}{_tokens[held]}.")
+
+
+def _holder_of(directory: str, held: dict[str, Any]) -> str | None:
+  """The key of `held` that is `directory` (a real path) or one of its RUN_DEPTH nearest ancestors (None if none)."""
+  for _ in range(RUN_DEPTH + 1):
+    if directory in held:
+      return directory
+    parent = os.path.dirname(directory)
+    if parent == directory:
+      break
+    directory = parent
+  return None
 
 
 def _jsonable(value):
@@ -241,7 +268,7 @@ def hold_run_directory(path: str, flag: str = "--output_dir") -> Iterator[None]:
 
   def lock() -> None:
     nonlocal fd
-    fd = _lock(path, flag)
+    fd, _tokens[key] = _lock(path, flag)
 
   _on_process_0(lock)
   _held[key] = 1
@@ -249,6 +276,7 @@ def hold_run_directory(path: str, flag: str = "--output_dir") -> Iterator[None]:
     yield
   finally:
     del _held[key]
+    _tokens.pop(key, None)
     if fd is not None:
       # Unlinked while still held, so the next run creates a new file; one that opened this one meanwhile sees it
       # unlinked once it gets the lock, and starts over (`_lock`).
@@ -258,23 +286,56 @@ def hold_run_directory(path: str, flag: str = "--output_dir") -> Iterator[None]:
 
 
 def check_writable(path: str, flag: str) -> None:
-  """A UserError naming `flag` unless the file `path` can be written (its directory is created when missing): checked
-  before the work whose result it will hold. Process 0 checks (the others write nothing); every process gets its
-  answer."""
+  """A UserError naming `flag` unless the file `path` can be written (its directory is created when missing) outside
+  any run directory this process does not hold (`run_directory_of`): checked before the work whose result it will
+  hold. Process 0 checks (the others write nothing); every process gets its answer."""
 
   def check() -> None:
     if os.path.isdir(path):
       raise UserError(f"{flag}={path} is a directory: give a file path")
     directory = os.path.dirname(os.path.abspath(path))
+    _refuse_run_directory(directory, flag, path)
     try:
       os.makedirs(directory, exist_ok=True)
-      fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
+      fd, tmp = tempfile.mkstemp(dir=directory, prefix=_temporary_prefix(path), suffix=".tmp")
       os.close(fd)
       os.remove(tmp)
     except OSError as e:
       raise UserError(f"{flag}={path} cannot be written ({_why(e)}): give a path in a writable directory") from None
 
   _on_process_0(check)
+
+
+def check_output_directory(path: str, flag: str) -> None:
+  """A UserError naming `flag` when the directory `path` is, or lies within, a run directory this process does not
+  hold (`run_directory_of`): for commands that write files of their own into a directory. Process 0 checks; every
+  process gets its answer."""
+  _on_process_0(lambda: _refuse_run_directory(os.path.abspath(path), flag, path))
+
+
+def run_directory_of(directory: str) -> tuple[str, str] | None:
+  """(run directory, the file that marks it) when `directory` or one of its RUN_DEPTH nearest ancestors holds one
+  of RUN_MARKERS (a run's lock, run.json or measurements.npz) and this process does not hold it; None otherwise."""
+  directory = os.path.realpath(directory)
+  if _holder_of(directory, _held) is not None:
+    return None
+  for _ in range(RUN_DEPTH + 1):
+    for marker in RUN_MARKERS:
+      if os.path.isfile(os.path.join(directory, marker)):
+        return directory, marker
+    parent = os.path.dirname(directory)
+    if parent == directory:
+      break
+    directory = parent
+  return None
+
+
+def _refuse_run_directory(directory: str, flag: str, given: str) -> None:
+  found = run_directory_of(directory)
+  if found is not None:
+    run, marker = found
+    raise UserError(f"{flag}={given} is inside the run directory {run} (it holds {marker}), which only the command "
+                    "that holds it writes (localize, report): give a path outside it")
 
 
 def _why(error: OSError) -> str:
@@ -298,8 +359,10 @@ def _on_process_0(check: Callable[[], None]) -> None:
     raise UserError(problem.decode())
 
 
-def _lock(path: str, flag: str) -> int:
-  """An open descriptor of `path`'s lock file, flocked, with this process's pid written in it."""
+def _lock(path: str, flag: str) -> tuple[int, str]:
+  """An open descriptor of `path`'s lock file, flocked, with this process's pid and a new token written in it; and
+  the token (`_temporary_prefix`). The temporary files of the holder before it (a killed run: the token it left in
+  the file) are removed."""
   if os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"{flag}={path} is a file, not a directory: give a directory (it is created when missing)")
   try:
@@ -315,7 +378,7 @@ def _lock(path: str, flag: str) -> int:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-      holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "pid unknown"
+      holder = _lock_contents(fd)[0] or "pid unknown"
       os.close(fd)
       raise UserError(f"{flag}={path} is in use by another run ({holder}); wait for it to end or give another "
                       f"{flag}") from None
@@ -325,23 +388,37 @@ def _lock(path: str, flag: str) -> int:
     except FileNotFoundError:
       pass
     os.close(fd)  # the holder it waited for unlinked this file on release: lock the new one
+  token = secrets.token_hex(8)
   try:
+    previous = _lock_contents(fd)[1]
+    if previous is not None:
+      _remove_temporaries(path, previous)
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    _remove_temporaries(path)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\ntoken {token}\n".encode(), 0)
   except OSError as e:
     os.close(fd)
     raise write_failed(lock_path, e) or e from None
-  return fd
+  return fd, token
 
 
-def _remove_temporaries(path: str) -> None:
-  """Removes what `atomic_write`s killed mid-write left in a run directory, down to general/<task>/ (the run that
-  holds the directory is its only writer)."""
+def _lock_contents(fd: int) -> tuple[str, str | None]:
+  """What a lock file says: its holder ("pid <pid> on <host>", for messages) and the token of the holder's temporary
+  files (None when it has none: a lock file of a jaxloc before tokens, or one a holder had not written yet)."""
+  lines = os.pread(fd, 4096, 0).decode(errors="replace").splitlines()
+  token = next((line[len("token "):].strip() for line in lines if line.startswith("token ")), None)
+  return (lines[0].strip() if lines else ""), (token if token and re.fullmatch(r"[0-9a-f]+", token) else None)
+
+
+def _remove_temporaries(path: str, token: str) -> None:
+  """Removes the temporary files `atomic_write` left, killed mid-write, in a run directory down to general/<task>/ while
+  the holder whose lock file says `token` held it: those named <name>.jaxloc-<token>.<8 characters>.tmp, which only
+  that holder wrote (any other file stays, whatever its name)."""
+  mine = re.compile(rf"^.+{re.escape(_TEMPORARY_TAG + token)}\.[a-z0-9_]{{8}}\.tmp$")
   top = os.path.normpath(path)
   for root, directories, names in os.walk(top):
-    if os.path.relpath(root, top).count(os.sep) >= 1:
+    if os.path.relpath(root, top).count(os.sep) >= RUN_DEPTH - 1:
       directories[:] = []  # nothing deeper is a run's
     for name in names:
-      if _TEMPORARY.match(name):
-        os.remove(os.path.join(root, name))
+      if mine.match(name):
+        with contextlib.suppress(FileNotFoundError):
+          os.remove(os.path.join(root, name))

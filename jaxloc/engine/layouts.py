@@ -74,15 +74,22 @@ class Layouts:
     self._key_cost = 4 * c.num_heads * c.head_dim * c.num_layers / flops  # a key's cost relative to a token's
     self._target_cost = 2 * c.hidden_size * c.vocab_size / flops  # the LM head at one target, likewise
     self._kept: dict = {}
+    self._pinned: dict = {}  # request sets whose layout is kept for good (`prepare(pin=True)`)
     self.shapes: list[CallShape] = []
 
-  def prepare(self, requests: Sequence[ScoringRequest], few_calls: bool = False
+  def prepare(self, requests: Sequence[ScoringRequest], few_calls: bool = False, pin: bool = False
               ) -> tuple[scoring.ScoringLayout, ScoringBatches]:
     """Tokenizes and lays out a request set (cached: localization scores one set many times); `few_calls`: the
     caller will score it in a few calls only, so it may pad into a larger shape laid out before (module
-    docstring). The first call's layout is kept."""
+    docstring). The first call's layout is kept (the MAX_LAYOUTS most recent sets'); with `pin`, for good, so that a
+    request set a run measures keeps one layout, and its scores one rounding, however many sets come after it."""
     key = tuple(requests)
+    if key in self._pinned:
+      return self._pinned[key]
     if key in self._kept:
+      if pin:
+        self._pinned[key] = self._kept.pop(key)
+        return self._pinned[key]
       return self._kept[key]
     if not requests:
       raise UserError("no requests to score")
@@ -99,6 +106,9 @@ class Layouts:
     log.info("scoring %d requests: shared prefix %d tokens, %d chunks of %d rows (%s), %d masks per call, ~%.2f GiB "
              "per call", len(requests), len(lay.prefix), len(lay.chunks), plan.requests_per_call, how,
              plan.masks_per_call, plan.estimated_bytes / GIB)
+    if pin:
+      self._pinned[key] = lay, plan
+      return lay, plan
     if len(self._kept) >= MAX_LAYOUTS:
       self._kept.pop(next(iter(self._kept)))
     self._kept[key] = lay, plan

@@ -109,7 +109,7 @@ class Scorer:
     return streams
 
   def score_batches(self, requests: Sequence[ScoringRequest], head_masks=None, head_fill=None, *,
-                    neuron_masks=None, neuron_fill=None, few_calls: bool = False
+                    neuron_masks=None, neuron_fill=None, few_calls: bool = False, exact: bool = False
                     ) -> Iterator[tuple[slice, ScoreOutputs]]:
     """Yields (mask slice, outputs for those masks) in mask order as batches finish, so callers can checkpoint.
     `few_calls`: these requests are scored in a few calls in all (held-out documents), so their layout may pad into
@@ -117,8 +117,11 @@ class Scorer:
 
     Masks are evaluated grouped by the first layer they ablate (a stable sort, so masks already in that order keep
     it): a batch starts at its lowest first ablated layer, from the unablated residual streams, when they fit the
-    residual cache. Every call takes the layout's number of masks (the last is padded with unablated ones), or the
-    shape's one smaller size when all the masks fit it (`call_size`)."""
+    residual cache, and each mask in it at its own (`scoring.score_chunk`'s `mask_starts`), so a mask's scores do
+    not depend on the masks that share its call. Every call takes the layout's number of masks (the last is padded
+    with unablated ones), or the shape's one smaller size when all the masks fit it (`call_size`), unless `exact`:
+    then always the layout's, so that a mask's scores are bit for bit the same in any call of the request set (a
+    call's size picks XLA's kernels; the smaller size is chosen by timing). Measurements a run resumes are exact."""
     shared, place, stats = self.shared, self.shared.placement, self.shared.stats
     config = shared.model_config
     masks = check_masks(config, head_masks, neuron_masks)
@@ -126,8 +129,9 @@ class Scorer:
     fill = place.fills(check_fills(config, head_fill, neuron_fill))
     shape = (0 if lay.prefix is None else len(lay.prefix), len(lay.chunks), lay.chunks[0].rows.tokens.shape)
     sizes = self._sizes.setdefault(shape, {plan.masks_per_call})
-    per_call = call_size(len(masks), plan.masks_per_call, sizes, self._full_call.get(shape),
-                         self._compile_seconds(1 + (lay.prefix is not None)))
+    per_call = plan.masks_per_call if exact else call_size(len(masks), plan.masks_per_call, sizes,
+                                                            self._full_call.get(shape),
+                                                            self._compile_seconds(1 + (lay.prefix is not None)))
     sizes.add(per_call)
     shard_masks = per_call % place.data_parallel == 0
     mask_sharding = place.split(3) if shard_masks else place.replicated
@@ -136,9 +140,12 @@ class Scorer:
     chunks = [(chunk, place.rows(chunk.rows, row_sharding)) for chunk in lay.chunks]
     # With a residual cache every batch resumes from the streams, even at layer 0: one compiled variant per shape.
     streams = self._residual_streams(requests, lay, chunks) if shared.planner.residual_cache else None
-    starts = start_layers(config, masks) if streams is not None else np.zeros(len(masks), np.int64)
-    order = np.argsort(starts, kind="stable")
     num_layers = config.num_layers
+    # A mask that ablates nothing starts at the last layer (the streams hold what enters each layer).
+    starts = (np.minimum(start_layers(config, masks), num_layers - 1) if streams is not None
+              else np.zeros(len(masks), np.int64))
+    order = np.argsort(starts, kind="stable")
+    starts_sharding = place.split(1) if shard_masks else place.replicated
 
     def dispatch(begin: int):
       """Starts one batch of masks on the devices (asynchronously) and returns its handles."""
@@ -146,15 +153,18 @@ class Scorer:
       compiled = self._compiled()
       members = order[begin:begin + per_call]
       ablation = place.ablation(masks.rows(members).padded(per_call), fill, mask_sharding)
-      layer = min(int(starts[members].min()), num_layers - 1)
+      layer = int(starts[members].min())
       if streams is None:
         context = self._prefix_fn(place.params, ablation, prefix) if prefix is not None else None
         results = [self._score_fn(place.params, ablation, context, rows) for _, rows in chunks]
       else:
         at = place.put(np.int32(layer))
-        context = (self._prefix_fn(place.params, ablation, prefix, at, streams[0][0]) if prefix is not None
+        # Padding masks ablate nothing: they start with the batch.
+        own = place.put(np.pad(starts[members], (0, per_call - len(members)), constant_values=layer).astype(np.int32),
+                        starts_sharding)
+        context = (self._prefix_fn(place.params, ablation, prefix, at, streams[0][0], own) if prefix is not None
                    else None)
-        results = [self._score_fn(place.params, ablation, context, rows, at, chunk_streams[1])
+        results = [self._score_fn(place.params, ablation, context, rows, at, chunk_streams[1], own)
                    for (_, rows), chunk_streams in zip(chunks, streams)]
       return members, layer, results, start, time.perf_counter() - start, self._compiled() > compiled
 

@@ -308,18 +308,22 @@ def layout(tokenized: TokenizedRequests, rows: list[list[int]], rows_per_chunk: 
                        sum(len(s) for s in inputs))
 
 
-def prefix_context(module, params, ablation: Ablation, prefix_tokens, start_layer=None, residuals=None, *,
-                   dtype) -> Context:
+def prefix_context(module, params, ablation: Ablation, prefix_tokens, start_layer=None, residuals=None,
+                   mask_starts=None, *, dtype) -> Context:
   """Keys/values [L, Mb, P, K, Dh] of the shared prefix under each mask (the mask changes them too).
 
   With `start_layer` (int32 scalar), the layers below it are skipped: `residuals` [L, P, D] holds the unablated
   prefix's residual stream entering every layer (`unablated_residuals`); their keys/values come out as zeros, read
-  by no query since the requests skip those layers too.
+  by no query since the requests skip those layers too. With `mask_starts` (int32 [Mb]), each mask takes the
+  unablated stream up to its own first layer (`Resume.starts`), as the requests do.
   """
   masks = ablation.num_masks
   prefix_len = prefix_tokens.shape[0]
   tokens = jnp.broadcast_to(prefix_tokens[None, None], (masks, 1, prefix_len))
-  start = None if start_layer is None else Resume(start_layer, residuals[start_layer][None, None])
+  start = None
+  if start_layer is not None:
+    start = Resume(start_layer, residuals[start_layer][None, None], mask_starts,
+                   None if mask_starts is None else residuals[:, None, None])
   out = module.apply({"params": params}, tokens, jnp.arange(prefix_len)[None, None], ablation=ablation, start=start,
                      outputs=OutputSpec(kv=True), dtype=dtype)
   k = out.k[:, :, 0]
@@ -368,15 +372,20 @@ def target_logprob(config, params, hidden, target_pos, target_ids, target_slots)
 
 
 def score_chunk(module, config, params, ablation: Ablation, context: Context | None, rows: Rows, start_layer=None,
-                residuals=None, *, dtype):
+                residuals=None, mask_starts=None, *, dtype):
   """Summed continuation log-probability and greedy exactness of each slot, both [Mb, N].
 
   With `start_layer`, resumes there from `residuals` [L, Rb, S, D] (`unablated_residuals`; exact when no mask of
-  the batch ablates anything below it).
+  the batch ablates anything below it). With `mask_starts` (int32 [Mb], each mask's first ablated layer, none below
+  `start_layer`), each mask resumes at its own (`Resume.starts`): its scores do not depend on the masks it shares
+  the call with.
   """
   masks = ablation.num_masks
   tokens = jnp.broadcast_to(rows.tokens[None], (masks,) + rows.tokens.shape)
-  start = None if start_layer is None else Resume(start_layer, residuals[start_layer][None])
+  start = None
+  if start_layer is not None:
+    start = Resume(start_layer, residuals[start_layer][None], mask_starts,
+                   None if mask_starts is None else residuals[:, None])
   out = module.apply({"params": params}, tokens, rows.positions[None], ablation=ablation, context=context,
                      segments=rows.segments[None], start=start, dtype=dtype)
   return target_logprob(config, params, out.hidden, rows.target_pos[None], rows.target_ids[None],

@@ -26,8 +26,11 @@ cannot say which of them matters: when a candidate has twins, every member of it
 the members take the group's place in the order of their measured target drop; a member whose ablation alone
 does not lower the target at all is left out (the group's effect was not its own).
 
-Confirmations are saved in `confirmation.npz` (resumed runs reuse them) and counted in `num_evaluations`. The
-bootstrap's re-selections stay estimated (`specificity.select`: no model evaluation per resample).
+Confirmations are saved in `confirmation.npz` (resumed runs reuse them) and counted in `num_evaluations`. The file
+carries the digest of the settings of every task's measurements (`settings_digest`): a run with other settings
+refuses it, and one saved before it carried them is reused only where the target's measurements were saved before
+this run (their settings checked), never alone in a new directory. The bootstrap's re-selections stay estimated
+(`specificity.select`: no model evaluation per resample).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxloc import files
-from jaxloc.localize import aliasing, specificity, validate
+from jaxloc.errors import UserError
+from jaxloc.localize import aliasing, measurements, specificity, validate
 from jaxloc.localize.methods.base import Measured, Ranking
 
 FILE = "confirmation.npz"
@@ -96,13 +100,16 @@ def measured_alone(masks: np.ndarray, metrics: Sequence[np.ndarray], baselines: 
 
 
 def confirm(order: Sequence[int], count: int, passes: Callable[[np.ndarray], bool], known: dict[int, np.ndarray],
-            scorer: validate.Measures, groups: Callable[[int], list[int]], directory: str | None, together: int = 0
-            ) -> tuple[list[int], Confirmation]:
+            scorer: validate.Measures, groups: Callable[[int], list[int]], directory: str | None, together: int = 0,
+            stamp: str | None = None, unstamped: bool = True) -> tuple[list[int], Confirmation]:
   """The first `count` heads of `order` (already without excluded and universal heads) that pass when measured
   alone, the first `together` of them also when ablated together (module docstring). `known`: drops already
-  measured alone (reused); `groups(h)`: h's aliased group ([h] when none)."""
+  measured alone (reused); `groups(h)`: h's aliased group ([h] when none). `stamp`: the digest of the settings the
+  measurements are made with, saved with them; a saved file with another is refused, one with none only reused when
+  `unstamped`."""
   path = os.path.join(directory, FILE) if directory else None
   saved = files.read_arrays(path) if path else None
+  _check_stamp(path, saved, stamp, unstamped)
   drops = dict(known)
   sets: dict[tuple[int, ...], np.ndarray] = {}
   measured: list[int] = []
@@ -122,7 +129,9 @@ def confirm(order: Sequence[int], count: int, passes: Callable[[np.ndarray], boo
       return
     width = max((len(k) for k in measured_sets), default=0)
     tasks = len(next(iter([*drops.values(), *sets.values()])))
+    stamped = {} if stamp is None else {measurements.SAVED_DIGEST: np.array(stamp)}
     files.save_arrays(path, {
+        **stamped,
         "heads": np.asarray(measured, np.int64),
         "drops": np.array([drops[h] for h in measured], np.float64).reshape(len(measured), tasks),
         "set_heads": np.array([[*k, *[-1] * (width - len(k))] for k in measured_sets], np.int64).reshape(
@@ -216,6 +225,29 @@ def confirm(order: Sequence[int], count: int, passes: Callable[[np.ndarray], boo
                                 measured_sets=measured_sets, rejected_together=rejected_together)
 
 
+def check_saved(directory: str, stamp: str, unstamped: bool) -> None:
+  """What `confirm` would refuse of the confirmation saved in `directory` (`stamp`, `unstamped` as there), found
+  without measuring: a run checks it before its model loads."""
+  path = os.path.join(directory, FILE)
+  _check_stamp(path, files.read_arrays(path), stamp, unstamped)
+
+
+def _check_stamp(path: str | None, saved: dict[str, np.ndarray] | None, stamp: str | None, unstamped: bool) -> None:
+  if saved is None or stamp is None:
+    return
+  saved_stamp = str(saved[measurements.SAVED_DIGEST]) if measurements.SAVED_DIGEST in saved else None
+  if saved_stamp != stamp and (saved_stamp is not None or not unstamped):
+    why = (f"with other settings (settings digest {saved_stamp}, this run's {stamp})" if saved_stamp is not None
+           else "before confirmations carried their settings, and this run's measurements were not saved before it")
+    raise UserError(f"{path} was measured {why}: nothing says its measurements match this run's; move it away (or "
+                    "delete it) to measure the confirmation again")
+
+
+def settings_stamp(stores_settings: Sequence[dict[str, Any]]) -> str:
+  """The stamp of a confirmation: the digest of every task's measurement settings, the target's first."""
+  return measurements.settings_digest(list(stores_settings))
+
+
 @dataclasses.dataclass
 class Found:
   """What the run concluded from its measurements (flat head indices)."""
@@ -274,9 +306,13 @@ def find_heads(settings, ranking: Ranking, general_rankings: Sequence[Ranking], 
 
   heads = settings.unit == "heads"
   skip = set(universal)
+  # The stores' settings, where they carry them (a run's `MeasurementStore`s), stamp the saved confirmation.
+  stores = [getattr(m, "settings", None) for m in measured]
+  stamp = None if None in stores else settings_stamp(stores)
   selected, confirmation = confirm([h for h in order if h not in skip], count if heads else settings.curve_k,
                                    passes, known, identification, design.group_of if design else lambda h: [h],
-                                   directory, together=settings.top_k if heads else 0)
+                                   directory, together=settings.top_k if heads else 0, stamp=stamp,
+                                   unstamped=bool(getattr(measured[0], "resumed", False)))
   if not heads:  # the rest of a neuron selection comes from the estimates
     judged = set(selected) | set(confirmation.rejected)
     rest = [h for h in select(universal, len(order)) if h not in judged][:count - len(selected)]

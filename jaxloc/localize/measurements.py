@@ -7,15 +7,20 @@ switch metric without re-measuring, and every metric per document, `docs_<name>`
 `docs_baseline_<name>` [docs], which the confidence bootstrap resamples (stores written before these
 existed resume without them).
 
-`run.json` beside it records the settings that make the measurements what they are: every setting that changes a
-score (model, parameter and activation dtype, task and its options, a digest of the documents, samples, ablation,
-design, seed, ...). A re-run whose settings differ is refused, naming the flag. A setting that a store saved before it
-was recorded is missing from its run.json: it is accepted (the store cannot say which value it had), said in a
-warning, and recorded from then on.
+The settings that make the measurements what they are (every setting that changes a score: model, parameter and
+activation dtype, task and its options, a digest of the documents, samples, ablation, design, seed, ...) are saved in
+the store itself, as JSON in `run_settings` (a 0-d string), with their digest in `settings_digest`, and for the reader
+in `run.json` beside it. A re-run whose settings differ from the store's is refused, naming the flag, whatever other
+files are missing or were copied in: the store's own `run_settings` decide, not run.json. A store saved before it
+carried its settings is checked against its run.json, and refused when that is missing (nothing says what its
+measurements were made with); once resumed it carries them. A setting that a store saved before it was recorded is
+missing from its saved settings: it is accepted (the store cannot say which value it had), said in a warning, and
+recorded from then on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -31,6 +36,8 @@ log = logging.getLogger(__name__)
 
 MEASUREMENTS = "measurements.npz"
 RUN_SETTINGS = "run.json"
+# The store's own copy of its settings, and their digest (`settings_digest`).
+SAVED_SETTINGS, SAVED_DIGEST = "run_settings", "settings_digest"
 
 
 class MeasurementStore(Measured):
@@ -52,14 +59,17 @@ class MeasurementStore(Measured):
     self.doc_baselines: dict[str, np.ndarray] | None = {}
     # Read as process 0 sees them (every process of a multi-process run resumes from the same point).
     saved = _read(self.path)
-    missing = check_settings(output_dir, settings, labels, has_measurements=saved is not None)
+    self.resumed = saved is not None  # opened from a saved file, its settings checked
+    missing = check_settings(output_dir, settings, labels, saved)
     if missing and saved is not None:
       log.warning("%s predates recording %s; its measurements are taken to match this run's (%s), recorded from now "
-                  "on", os.path.join(output_dir, RUN_SETTINGS), ", ".join(missing),
-                  ", ".join(f"{k}={settings[k]!r}" for k in missing))
+                  "on", self.path if SAVED_SETTINGS in saved else os.path.join(output_dir, RUN_SETTINGS),
+                  ", ".join(missing), ", ".join(f"{k}={settings[k]!r}" for k in missing))
     files.write_json(os.path.join(output_dir, RUN_SETTINGS), settings)
     if saved is not None:
       self._load(saved)
+      if missing or SAVED_SETTINGS not in saved:
+        self._save()  # it carries its settings from now on, whatever happens to run.json
 
   @property
   def path(self) -> str:
@@ -118,7 +128,9 @@ class MeasurementStore(Measured):
 
   def _save(self) -> None:
     arrays = {"masks": self.masks, "scores": self.scores,
-              "baseline": np.float64(self.baseline if self.baseline is not None else np.nan)}
+              "baseline": np.float64(self.baseline if self.baseline is not None else np.nan),
+              SAVED_SETTINGS: np.array(json.dumps(_as_saved(self.settings), sort_keys=True)),
+              SAVED_DIGEST: np.array(settings_digest(self.settings))}
     arrays.update({f"metric_{k}": v for k, v in self.metrics.items()})
     arrays.update({f"baseline_{k}": np.float64(v) for k, v in self.baselines.items()})
     arrays.update({f"docs_{k}": v for k, v in (self.doc_metrics or {}).items()})
@@ -130,25 +142,53 @@ def check_resume(output_dir: str, settings: dict[str, Any], labels: Mapping[str,
   """What opening the store in `output_dir` with `settings` would refuse (its file unreadable, or measurements made
   with other settings), found without writing anything: a run checks it before its model loads."""
   saved = _read(os.path.join(output_dir, MEASUREMENTS))
-  check_settings(output_dir, settings, labels, has_measurements=saved is not None)
+  check_settings(output_dir, settings, labels, saved)
+
+
+def settings_digest(settings: Any) -> str:
+  """A digest of settings (a dict, or a list of them) as saved (`_as_saved`), independent of key order."""
+  return hashlib.sha256(json.dumps(_as_saved(settings), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def check_settings(output_dir: str, settings: dict[str, Any], labels: Mapping[str, str] | None,
-                   has_measurements: bool) -> list[str]:
-  """A UserError naming every setting that differs from the saved run.json when measurements are saved; returns the
-  settings run.json does not record (it predates them)."""
-  stored = files.read_json(os.path.join(output_dir, RUN_SETTINGS))
-  if stored is None:
+                   saved: Mapping[str, np.ndarray] | None) -> list[str]:
+  """With measurements saved (`saved`, the store's arrays), a UserError naming every setting that differs from those
+  they were made with: the store's own (`run_settings`), or for a store saved before it carried them, run.json's (a
+  UserError when it has none); returns the settings they do not record (saved before they were). Without
+  measurements, nothing is refused and nothing is missing."""
+  if saved is None:
     return []
+  path = os.path.join(output_dir, MEASUREMENTS)
+  if SAVED_SETTINGS in saved:
+    stored = _saved_settings(path, saved)
+  else:
+    stored = files.read_json(os.path.join(output_dir, RUN_SETTINGS))
+    if stored is None:
+      raise UserError(f"{path} was saved before stores carried their settings, and the {RUN_SETTINGS} that records "
+                      f"them is not beside it: nothing says what its measurements were made with; put the run's "
+                      f"{RUN_SETTINGS} back beside it to resume, or move it away to measure again")
   # Flags first, in order; then what no flag names (the documents' digest).
   differing = [k for k in sorted(settings, key=lambda k: (k in (labels or {}) and not labels[k].startswith("--"), k))
                if k in stored and stored[k] != _as_saved(settings[k])]
-  if differing and has_measurements:
+  if differing:
     labels = labels or {}
     details = "; ".join(f"{labels.get(k, '--' + k)}: saved {stored[k]!r}, now {settings[k]!r}" for k in differing)
     raise UserError(f"{output_dir} holds measurements made with other settings ({details}); rerun with the same flags "
                     "to resume, or choose another --output_dir")
   return [k for k in sorted(settings) if k not in stored]
+
+
+def _saved_settings(path: str, saved: Mapping[str, np.ndarray]) -> dict[str, Any]:
+  """The settings a store carries, checked against their digest."""
+  try:
+    stored = json.loads(str(saved[SAVED_SETTINGS]))
+    intact = isinstance(stored, dict) and str(saved.get(SAVED_DIGEST, "")) == settings_digest(stored)
+  except ValueError:
+    intact = False
+  if not intact:
+    raise UserError(f"{path} is corrupt (its saved settings do not match their digest); move it away (or delete it) "
+                    "to measure its task again: the other tasks' measurements in this run are kept")
+  return stored
 
 
 def _as_saved(value: Any) -> Any:

@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxloc.errors import UserError
 from jaxloc.heads import parse_units, units_per_layer
-from jaxloc.localize import designs, measurements, methods
+from jaxloc.localize import confirm, designs, measurements, methods
 from jaxloc.localize.methods.base import SCORED_GENERAL_TASKS, SCORED_TARGET
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.tasks.evaluation import load_task_split
@@ -217,6 +217,10 @@ def saved_masks(output_dir: str) -> str:
 
 def check_resume(settings: LocalizeSettings, tasks: Tasks, scoring: dict[str, Any]) -> None:
   """A UserError when output_dir holds measurements the run's stores would refuse (unreadable, or made with other
-  settings: the message names the flag), found before the model loads; writes nothing."""
-  for spec in store_specs(settings, tasks, scoring):
+  settings: the message names the flag), or a confirmation it would refuse, found before the model loads; writes
+  nothing."""
+  specs = store_specs(settings, tasks, scoring)
+  for spec in specs:
     measurements.check_resume(spec.directory, spec.settings, spec.labels)
+  confirm.check_saved(settings.output_dir, confirm.settings_stamp([spec.settings for spec in specs]),
+                      unstamped=os.path.isfile(os.path.join(settings.output_dir, measurements.MEASUREMENTS)))

@@ -150,7 +150,9 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
   settings.exclude_heads = [unit_name(*h, unit) for h in exclude]
   excluded = designs.excluded_heads(settings.exclude_heads, c.num_layers * per_layer, num_heads=per_layer, unit=unit)
 
-  identification = [Evaluator.build(engine, t.name, t.task, t.docs, settings.ablation, unit) for t in tasks.all]
+  identification = [Evaluator.build(engine, t.name, t.task, t.docs, settings.ablation, unit, exact=True)
+                    for t in tasks.all]
+  _lay_out(settings, tasks, identification)
   measuring = _open_stores(settings, tasks, identification, (c.num_layers, per_layer), engine_scoring_settings(engine))
   resumed = len(measuring[0].store)
   log.info("%s baseline %s = %.4f (%d samples)%s", settings.task, measuring[0].store.metric,
@@ -244,6 +246,18 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
   if settings.validate:  # after the run file: its compile counts and seconds are the localization's alone
     examples.write(settings.output_dir, confirming, found.selected[:settings.top_k])
   return payload
+
+
+def _lay_out(settings: LocalizeSettings, tasks: Tasks, identification: list[Evaluator]) -> None:
+  """Every request set the run scores under masks, laid out (and pinned) before anything is scored, in one order:
+  a set's layout depends on the shapes laid out before it, and a resumed run scores them in another order (a general
+  task catching up before the target) or not at all (a saved baseline, gradient or training step). With the
+  evaluators' exact scoring, a mask's scores then depend on the mask alone: a resumed run's are bit-identical."""
+  for evaluator in identification:
+    evaluator.lay_out(pin=True)
+  if settings.validate:
+    for evaluator, t in zip(identification, tasks.all):
+      evaluator.on(t.held_out).lay_out(pin=True)
 
 
 def _open_stores(settings: LocalizeSettings, tasks: Tasks, identification: list[Evaluator], shape,

@@ -60,6 +60,8 @@ SETTINGS = {"cpu": (2048, 8 * memory.GIB), "gpu80": (65536, None)}
 
 
 def main(config: BenchmarkMemoryConfig) -> None:
+  if config.output_json:
+    files.check_writable(config.output_json, "--output_json")
   unknown = [p for p in config.presets + [config.decode_preset] if p not in PRESETS]
   if unknown:
     raise UserError(f"unknown --presets or --decode_preset {unknown}; valid: {', '.join(PRESETS)}")

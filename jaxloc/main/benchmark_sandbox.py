@@ -15,7 +15,7 @@ from jaxloc import cli, sandbox
 from jaxloc.bench import sandbox_overhead
 from jaxloc.config import setting
 from jaxloc.errors import UserError
-from jaxloc.files import write_json
+from jaxloc.files import check_writable, write_json
 
 
 @dataclasses.dataclass
@@ -27,6 +27,8 @@ class BenchmarkSandboxConfig:
 
 
 def main(config: BenchmarkSandboxConfig) -> dict:
+  if config.output_json:
+    check_writable(config.output_json, "--output_json")
   unknown = [m for m in config.modes if m not in sandbox.MODES]
   if unknown:
     raise UserError(f"unknown --modes {unknown}; valid: {', '.join(sandbox.MODES)}")

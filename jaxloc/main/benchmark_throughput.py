@@ -23,6 +23,7 @@ class BenchmarkThroughputConfig(throughput.ThroughputConfig):
 
 
 def main(config: BenchmarkThroughputConfig) -> dict:
+  files.check_writable(config.output_json, "--output_json")
   engine = engine_flags.engine_from_flags()
   report = throughput.run(engine, config)
   print(throughput.format_table(report))

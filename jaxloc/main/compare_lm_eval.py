@@ -18,7 +18,7 @@ import dataclasses
 from jaxloc import cli
 from jaxloc.config import SEED, setting
 from jaxloc.errors import UserError
-from jaxloc.files import write_json
+from jaxloc.files import check_writable, write_json
 from jaxloc.main import engine_flags
 from jaxloc.models.torch_reference import load_hf_model
 from jaxloc.tasks.evaluation import load_task
@@ -39,6 +39,9 @@ class CompareLmEvalConfig:
 
 
 def main(config: CompareLmEvalConfig) -> dict:
+  if config.output_json:
+    check_writable(config.output_json, "--output_json")
+
   task, docs = load_task(config.task, config.task_options, num_samples=config.num_samples, seed=config.seed,
                          data_dir=None)
   if not isinstance(task, HarnessTask):

@@ -26,6 +26,8 @@ class CompareRunsConfig:
 
 
 def main(config: CompareRunsConfig) -> dict:
+  if config.output_json:
+    files.check_writable(config.output_json, "--output_json")
   if len(config.runs) != 2:
     raise UserError(f"--runs needs two run directories, got {len(config.runs)}")
   runs = [read_run(directory) for directory in config.runs]

@@ -39,6 +39,7 @@ class CompareUnitsConfig:
 
 
 def main(config: CompareUnitsConfig) -> dict:
+  files.check_output_directory(config.output_dir, "--output_dir")
   runs = [read_run(config.heads_run), read_run(config.neurons_run)]
   heads_vs_neurons.check_pair(*runs)
   tasks = heads_vs_neurons.held_out_tasks(runs[0].info)  # missing datasets are reported before the model loads

@@ -26,6 +26,7 @@ class CrossTaskConfig:
 
 
 def main(config: CrossTaskConfig) -> dict:
+  files.check_output_directory(config.output_dir, "--output_dir")
   result = cross_task.cross_task(config.runs)
   files.write_json(os.path.join(config.output_dir, "cross_task.json"), result)
   table = cross_task.markdown(result)

@@ -54,6 +54,8 @@ def _measure(engine, tasks) -> dict[str, dict[str, float]]:
 
 
 def main(config: FinetuneNeuronsConfig) -> dict:
+  if config.output_json:
+    files.check_writable(config.output_json, "--output_json")
   run = read_run(config.neurons_run)
   if run.unit != "neurons":
     raise UserError(f"{config.neurons_run} is a {run.unit} run; give a --unit=neurons run")

@@ -118,13 +118,20 @@ class OutputSpec:
 class Resume:
   """Start at `layer` (int32 scalar) from the residual stream [M|1, R, S, D] entering it instead of embedding the
   tokens; the layers below pass it through untouched (exact when no mask ablates anything there and `residual` is
-  the unablated model's, `OutputSpec(residuals=True)`). Their keys/values come out as zeros, read by no query."""
+  the unablated model's, `OutputSpec(residuals=True)`). Their keys/values come out as zeros, read by no query.
+
+  With `starts` (int32 [M], each mask's own first layer, none below `layer`) and `residuals` [L, M|1, R, S, D] (the
+  unablated stream entering every layer), a mask enters every layer up to its own start with the unablated stream
+  instead of the one computed from `layer`: its outputs are then bit for bit those of a call that starts where it
+  does, whichever masks share its call."""
 
   layer: Array
   residual: Array
+  starts: Array | None = None
+  residuals: Array | None = None
 
 
-jax.tree_util.register_dataclass(Resume, data_fields=["layer", "residual"], meta_fields=[])
+jax.tree_util.register_dataclass(Resume, data_fields=["layer", "residual", "starts", "residuals"], meta_fields=[])
 
 
 @dataclasses.dataclass
@@ -204,11 +211,14 @@ class SharedInputs:
   cache_valid: Array | None = None
   cache_positions: Array | None = None
   start_layer: Array | None = None
+  mask_starts: Array | None = None
+  start_residuals: Array | None = None
 
 
 jax.tree_util.register_dataclass(SharedInputs, data_fields=["cos", "sin", "positions", "segments", "neuron_where",
                                                             "context_valid", "context_positions", "cache_valid",
-                                                            "cache_positions", "start_layer"],
+                                                            "cache_positions", "start_layer", "mask_starts",
+                                                            "start_residuals"],
                                  meta_fields=[])
 
 
@@ -252,6 +262,9 @@ class DecoderLayer(nn.Module):
     self.mlp = MLP(cfg, self.param_dtype)
 
   def __call__(self, x: Array, layer: LayerInputs, shared: SharedInputs):
+    if shared.mask_starts is not None:  # masks that start later enter this layer unablated (`Resume.starts`)
+      later = (shared.mask_starts >= layer.index).reshape((-1,) + (1,) * (x.ndim - 1))
+      x = jnp.where(later, shared.start_residuals[layer.index].astype(x.dtype), x)
     if shared.start_layer is None:
       x_out, outputs = self.compute(x, layer, shared)
     else:
@@ -359,7 +372,8 @@ class Transformer(nn.Module):
     shared = SharedInputs(cos, sin, positions, segments, ablation.neuron_where,
                           None if context is None else context.valid, None if context is None else context.positions,
                           None if cache is None else cache.valid, None if cache is None else cache.positions,
-                          None if start is None else start.layer)
+                          None if start is None else start.layer, None if start is None else start.starts,
+                          None if start is None else start.residuals)
     layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                      in_axes=(0, nn.broadcast), length=cfg.num_layers)(cfg, self.param_dtype, outputs, name="layers")
     x, stacked = layers(x, layer, shared)

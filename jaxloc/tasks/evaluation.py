@@ -118,6 +118,9 @@ class Evaluator:
 
   Masks given to `run`/`batches` are keep-masks (1 keep, 0 ablate), float [masks, layers, units] over `unit`
   ("heads" or "neurons").
+
+  `exact`: a scored task's masks are scored bit for bit the same whichever masks share their call
+  (`Engine.score_batches(exact=True)`: every call at the layout's size), as a run's resumable measurements must be.
   """
 
   engine: Any
@@ -127,18 +130,27 @@ class Evaluator:
   fill: np.ndarray | None = None
   unit: str = "heads"
   held_out: bool = False  # documents held out: scored in a few calls only (validation, single-head checks)
+  exact: bool = False
   _unablated: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
 
   @classmethod
-  def build(cls, engine, name: str, task: Task, docs: Sequence[Doc], ablation: str = "zero", unit: str = "heads"
-            ) -> "Evaluator":
+  def build(cls, engine, name: str, task: Task, docs: Sequence[Doc], ablation: str = "zero", unit: str = "heads",
+            exact: bool = False) -> "Evaluator":
     fill = mean_ablation_values(engine, task, docs, unit=unit) if ablation == "mean" else None
-    return cls(engine, name, task, list(docs), fill, unit)
+    return cls(engine, name, task, list(docs), fill, unit, exact=exact)
 
   def on(self, docs: Sequence[Doc]) -> "Evaluator":
     """The same task, fill and unit on held-out documents, which the engine scores in a few calls and may lay
     out in a larger shape compiled for the identification documents (`Layouts.prepare(few_calls=True)`)."""
-    return Evaluator(self.engine, self.name, self.task, list(docs), self.fill, self.unit, held_out=True)
+    return Evaluator(self.engine, self.name, self.task, list(docs), self.fill, self.unit, held_out=True,
+                     exact=self.exact)
+
+  def lay_out(self, pin: bool = False) -> None:
+    """Lays out a scored task's requests now (`Engine.prepare`; a layout may take a shape laid out before, so the
+    order in which request sets are first laid out decides their shapes, and so their scores' rounding); `pin`: the
+    layout is kept for the engine's life. A run lays out every set it resumes measuring first, in one order."""
+    if self.task.output_type == "loglikelihood":
+      self.engine.prepare(self.requests(), few_calls=self.held_out, pin=pin)
 
   @property
   def units_per_layer(self) -> int:
@@ -163,7 +175,7 @@ class Evaluator:
     requests = self.requests()
     if self.task.output_type == "loglikelihood":
       for where, scores in self.engine.score_batches(requests, **engine_masks(self.unit, keep, self.fill),
-                                                     few_calls=self.held_out):
+                                                     few_calls=self.held_out, exact=self.exact):
         if progress:
           progress(where.stop - where.start)
         yield where, scores

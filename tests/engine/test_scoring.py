@@ -245,6 +245,51 @@ def test_a_few_masks_take_a_smaller_call_when_a_full_one_costs_more_than_a_compi
   assert engine.compile_count == compiled
 
 
+@pytest.mark.parametrize("unit", ["heads", "neurons"])
+def test_a_masks_exact_scores_do_not_depend_on_the_masks_sharing_its_call(tiny_model, unit):
+  """What makes a resumed run bit-identical to one never interrupted: with the residual cache a batch starts at its
+  lowest first ablated layer, and each mask at its own (`Resume.starts`); `exact` calls all take the layout's size
+  (XLA picks kernels by shape). So a mask scores the same bits alone, in another order, with other companions, and
+  in a call the timing would have made smaller. Shared prefix included."""
+  from jaxloc.engine.masks import check_masks, start_layers
+
+  c = tiny_model.config
+  requests = few_shot_requests(10, seed=3)
+  rng = np.random.default_rng(5)
+  width = c.num_heads if unit == "heads" else c.intermediate_size
+  masks = (rng.random((24, c.num_layers, width)) > (0.12 if unit == "heads" else 0.02)).astype(np.float32)
+  masks[:, 0] = np.where(np.arange(24)[:, None] % 3 == 0, masks[:, 0], 1.0)  # two in three start above layer 0
+  kind = "head_masks" if unit == "heads" else "neuron_masks"
+  starts = start_layers(c, check_masks(c, None, masks) if unit == "neurons" else check_masks(c, masks))
+  assert len(set(starts.tolist())) > 1
+  engine = Engine(tiny_model, EngineConfig(tokens_per_batch=80 * 24, compilation_cache="none"))
+  assert 1 < engine.masks_per_call(requests) < len(masks) and len(engine.prepare(requests)[0].prefix) > 20
+
+  def score(keep):
+    return np.concatenate([out.logprob for _, out in engine.score_batches(requests, **{kind: keep}, exact=True)])
+
+  full = score(masks)
+  assert np.abs(full - full[0]).max() > 1e-3  # the masks matter
+  engine.scorer._full_call = {shape: 1e6 for shape in engine.scorer._full_call}  # a smaller call would pay
+  assert np.array_equal(score(masks[::-1]), full[::-1])
+  for begin in (1, 5, 13):
+    assert np.array_equal(score(masks[begin:]), full[begin:]), begin
+  for i in np.flatnonzero(starts > starts.min())[:4]:
+    assert np.array_equal(score(masks[i:i + 1]), full[i:i + 1]), (i, starts[i])
+  assert np.array_equal(score(masks[starts == starts.max()]), full[starts == starts.max()])
+
+
+def test_a_pinned_layout_outlives_every_other(tiny_model):
+  from jaxloc.engine import layouts
+
+  engine = Engine(tiny_model)
+  pinned = few_shot_requests(6, seed=7)
+  lay, _ = engine.prepare(pinned, pin=True)
+  for seed in range(layouts.MAX_LAYOUTS + 2):
+    engine.prepare(few_shot_requests(3, seed=100 + seed))
+  assert engine.prepare(pinned)[0] is lay
+
+
 def test_held_out_documents_pad_into_a_shape_laid_out_before(tiny_model):
   """Requests scored in a few calls (held-out documents, half as many as the identification ones) take the larger
   shape compiled before instead of compiling their own; scored often, they get their own. Scores are the same."""
@@ -273,9 +318,12 @@ def test_float32_activations_over_bfloat16_weights(tiny_model):
   masks = random_masks(tiny_model.config, 3)
   bf16 = dataclasses.replace(tiny_model, params=jax.tree.map(lambda p: p.astype(jnp.bfloat16), tiny_model.params),
                              dtype=jnp.bfloat16)
-  reference = Engine(tiny_model).score(requests, masks).logprob
-  mixed_engine = Engine(bf16, EngineConfig(activation_dtype="float32"))
+  # Every layer computed (no residual cache): the comparison is of dtypes, not of where a mask's computation starts
+  # (the unablated mask resumes at the last layer from the cached stream, whose bfloat16 rounding differs).
+  every_layer = EngineConfig(residual_cache_gb=0.0)
+  reference = Engine(tiny_model, every_layer).score(requests, masks).logprob
+  mixed_engine = Engine(bf16, dataclasses.replace(every_layer, activation_dtype="float32"))
   assert mixed_engine.params["embed"]["embedding"].dtype == jnp.bfloat16 and mixed_engine.dtype == jnp.float32
-  pure = np.abs(Engine(bf16).score(requests, masks).logprob - reference).max()
+  pure = np.abs(Engine(bf16, every_layer).score(requests, masks).logprob - reference).max()
   mixed = np.abs(mixed_engine.score(requests, masks).logprob - reference).max()
   assert mixed < pure / 2, (mixed, pure)

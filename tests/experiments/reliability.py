@@ -133,6 +133,32 @@ def _long_prompt(ctx: Context) -> None:
   ctx.task = task
 
 
+def _copy_npz_only(ctx: Context) -> None:
+  """Only the finished run's .npz files in a new directory: no run.json beside its stores."""
+  for root, _, names in os.walk(ctx.base_run):
+    for name in names:
+      if name.endswith(".npz"):
+        target = os.path.join(ctx.out, os.path.relpath(os.path.join(root, name), ctx.base_run))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copy(os.path.join(root, name), target)
+
+
+def _legacy_store_alone(ctx: Context) -> None:
+  """The run's measurements.npz as saved before stores carried their settings, without its run.json."""
+  import numpy as np
+
+  os.makedirs(ctx.out)
+  with np.load(os.path.join(ctx.base_run, "measurements.npz")) as saved:
+    arrays = {k: saved[k] for k in saved.files if k not in ("run_settings", "settings_digest")}
+  np.savez(os.path.join(ctx.out, "measurements.npz"), **arrays)
+
+
+def _confirmation_alone(ctx: Context) -> None:
+  """The run's confirmation.npz alone in a new directory."""
+  os.makedirs(ctx.out)
+  shutil.copy(os.path.join(ctx.base_run, "confirmation.npz"), ctx.out)
+
+
 def _held(ctx: Context) -> None:
   """Another process holds the directory, as a run does while it runs."""
   holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom jaxloc import files\n"
@@ -230,6 +256,21 @@ CASES = [
     Case("long_prompt", "a 5 MB prompt (the model has 2,048 positions)", "localize", (),
          "1 of 8 requests are longer than the model's 2,048 positions: each keeps only the end of its context", False,
          exit=0, setup=_long_prompt),
+    # A store carries its settings: whatever files are missing, it is never extended under others.
+    Case("resume_npz_only", "a run's `.npz` files alone (no `run.json`) resumed with other settings", "localize",
+         ("--dtype=bfloat16", "--ablation=mean", "--num_masks=8"), "(--ablation: saved 'zero', now 'mean'; "
+         "--activation_dtype: saved 'float32', now 'bfloat16'; --dtype: saved 'float32', now 'bfloat16'", True,
+         setup=_copy_npz_only, resumes_base_run=True),
+    Case("resume_old_store_alone", "a `measurements.npz` saved before stores carried their settings, without its "
+         "`run.json`", "localize", (), "{out}/measurements.npz was saved before stores carried their settings, and the "
+         "run.json that records them is not beside it", True, setup=_legacy_store_alone, resumes_base_run=True),
+    Case("confirmation_other_settings", "a `confirmation.npz` measured with other settings", "localize",
+         ("--ablation=mean",), "{out}/confirmation.npz was measured with other settings", True,
+         setup=_confirmation_alone, resumes_base_run=True),
+    Case("evaluate_output_json_in_run", "`--output_json` into a run directory (its `heads.json`)", "evaluate",
+         ("--heads=L0H1", "--output_json={out}/heads.json"), "--output_json={out}/heads.json is inside the run "
+         "directory {out} (it holds run.json), which only the command that holds it writes", True,
+         setup=_copy_base_run, resumes_base_run=True),
 ]
 
 

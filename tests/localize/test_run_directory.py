@@ -1,5 +1,6 @@
-"""A run directory is held by one run at a time, and never stays held by a dead one; a full disk or a damaged file
-is one line that names the file, and leaves what was written before intact."""
+"""A run directory is held by one run at a time, and never stays held by a dead one; the next holder removes the
+temporary files a killed holder left, and no file of the user's; no command writes into a run directory it does not
+hold; a full disk or a damaged file is one line that names the file, and leaves what was written before intact."""
 
 import collections
 import json
@@ -36,18 +37,31 @@ def test_a_held_directory_is_refused_naming_the_holder_and_freed_when_it_is_kill
   finally:
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-  # What a run killed mid-write leaves: its lock file and atomic_write's temporary files.
+  # What a run killed mid-write leaves: its lock file (with the token of its temporary files) and atomic_write's
+  # temporary files, named with that token; beside files of the user's that look alike.
+  token = open(run / files.LOCK_FILE).read().split("token ")[1].strip()
   os.makedirs(run / "general" / "plurals")
-  leftovers = [run / "measurements.npz.a1b2c3d4.tmp", run / "general" / "plurals" / "measurements.npz.zz_99xyz.tmp"]
+  os.makedirs(run / "data")
+  leftovers = [run / f"measurements.npz.jaxloc-{token}.a1b2c3d4.tmp",
+               run / "general" / "plurals" / f"measurements.npz.jaxloc-{token}.zz_99xyz.tmp"]
   for path in leftovers:
     path.write_bytes(b"half")
-  (run / "notes.tmp").write_text("not ours")
+  users = [run / "notes.tmp", run / "backup.20240101.tmp", run / "data" / "editor.download.tmp",
+           run / "measurements.npz.a1b2c3d4.tmp", run / "heads.json.jaxloc-0123456789abcdef.a1b2c3d4.tmp"]
+  for path in users:
+    path.write_text("not ours")
   with files.hold_run_directory(str(run)):
-    assert not any(path.exists() for path in leftovers) and (run / "notes.tmp").exists()
-    assert open(run / files.LOCK_FILE).read().startswith(f"pid {os.getpid()} on ")
+    assert not any(path.exists() for path in leftovers) and all(path.exists() for path in users)
+    lock = open(run / files.LOCK_FILE).read()
+    assert lock.startswith(f"pid {os.getpid()} on ") and token not in lock
     with files.hold_run_directory(str(run)):  # the same process holds it again
       pass
+    # What this holder writes there is named with its own token.
+    files.write_json(str(run / "heads.json"), {})
+    mine = lock.split("token ")[1].strip()
+    assert files._temporary_prefix(str(run / "general" / "x.json")) == f"x.json.jaxloc-{mine}."
   assert not (run / files.LOCK_FILE).exists()  # a run that ends leaves no lock file
+  assert all(path.exists() for path in users)
 
 
 def test_a_full_disk_is_one_line_and_the_file_it_replaces_is_intact(tmp_path, monkeypatch):
@@ -73,6 +87,33 @@ def test_a_truncated_file_is_named_with_what_to_do(tmp_path, name, save, read):
   os.truncate(path, os.path.getsize(path) // 2)
   with pytest.raises(files.CorruptFile, match=f"{path} is truncated or corrupt .*; delete it to recompute it"):
     read(path)
+
+
+def test_no_command_writes_into_a_run_directory_it_does_not_hold(tmp_path):
+  run = tmp_path / "run"
+  os.makedirs(run / "general" / "counting")
+  for marker in ("run.json", "measurements.npz"):
+    (run / marker).write_text("{}")
+    for path in (run / "heads.json", run / "evaluations" / "result.json", run / "general" / "counting" / "x.json"):
+      with pytest.raises(UserError, match=rf"--output_json={path} is inside the run directory {run} \(it holds "
+                                          rf"{marker}\), which only the command that holds it writes"):
+        files.check_writable(str(path), "--output_json")
+    with pytest.raises(UserError, match=f"--output_dir={run} is inside the run directory"):
+      files.check_output_directory(str(run), "--output_dir")
+    os.remove(run / marker)
+  holder = _holder(run)  # a run in progress (only its lock file so far)
+  try:
+    with pytest.raises(UserError, match=rf"is inside the run directory {run} \(it holds {files.LOCK_FILE}\)"):
+      files.check_writable(str(run / "heads.json"), "--output_json")
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+  with files.hold_run_directory(str(run)):  # the holder itself may
+    files.check_writable(str(run / "heads.json"), "--output_json")
+    files.check_output_directory(str(run / "general"), "--output_dir")
+  (run / "run.json").write_text("{}")
+  files.check_writable(str(tmp_path / "elsewhere" / "result.json"), "--output_json")  # beside a run, not in it
+  files.check_writable(str(run / "a" / "b" / "c" / "result.json"), "--output_json")  # deeper than a run writes
 
 
 def test_output_files_are_checked_before_the_work(tmp_path):
