@@ -1,6 +1,6 @@
 """A run SIGKILLed at a chosen point, then resumed with the same command, ends with the files of a run never
-interrupted: the measurements (every task's) bit-identical, heads.json equal but for its timing and engine facts
-(compile counts and seconds), ablation.json, coefficients.npy and the confirmation's measurements equal.
+interrupted: the measurements (every task's) bit-identical, heads.json equal but for its timing, engine and machine
+facts (seconds, compile counts, start time, matmul peaks), ablation.json, coefficients.npy and the confirmation's measurements equal.
 
 The points (`jaxloc.files.fault_point`, set with JAXLOC_FAULT=<point>@<n>): inside the atomic write of a batch's
 measurements (the temporary file written, not yet renamed), between the target's masks and the general task's,
@@ -26,8 +26,9 @@ pytestmark = pytest.mark.slow
 
 POINTS = ["write:measurements.npz@6", "between_tasks@1", "write:confirmation.npz@1", "validation@1",
           "write:heads.json@1"]
-# heads.json keys that describe this process rather than the result.
-PROCESS_FACTS = ("timing", "engine")
+# heads.json keys that describe this process rather than the result (`machine`: when it started, the matmul peaks
+# it measured).
+PROCESS_FACTS = ("timing", "engine", "machine")
 
 
 def _args(model_dir, task, out):

@@ -16,7 +16,7 @@ class FakeEngine:
   def __init__(self, masks_per_batch=2):
     self.calls, self.fills, self.masks_per_batch = [], [], masks_per_batch
 
-  def score_batches(self, requests, head_masks, head_fill=None, few_calls=False):
+  def score_batches(self, requests, head_masks, head_fill=None, few_calls=False, exact=False):
     assert all(isinstance(r, ScoringRequest) for r in requests)
     self.calls.append("score held out" if few_calls else "score")
     self.fills.append(head_fill)
