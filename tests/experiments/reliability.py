@@ -244,7 +244,8 @@ CASES = [
          ("--ablation_rate=0.05",), "ablation_rate=0.05 ablates fewer than one head per mask on average among 12 heads",
          True),
     # Ctrl-C: one line, exit status 130.
-    Case("interrupted", "Ctrl-C (SIGINT) while the run measures", "localize", ("--num_masks=5000",),
+    Case("interrupted", "Ctrl-C (SIGINT) while the run measures", "localize",
+         ("--method=cs_stratified", "--num_masks=100000"),
          "masks saved in {out}/measurements.npz", False, exit=130, interrupt="{out}/measurements.npz"),
     # Inputs the run goes on with, taken as the warning says.
     Case("general_task_is_target", "the target among `--general_tasks`", "localize",
