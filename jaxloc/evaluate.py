@@ -9,19 +9,23 @@ for neurons "neurons" takes the place of "heads". With `curve`, the units are a 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from jaxloc.errors import UserError
 from jaxloc.heads import check_unit, keep_mask, parse_units, unit_name, units_per_layer
 from jaxloc.tasks.base import Doc, Task
 from jaxloc.tasks.evaluation import Evaluator, load_task
 
+if TYPE_CHECKING:
+  from jaxloc.engine.engine import Engine
+
 ABLATIONS = ("zero", "mean")
 
 
-def _evaluator(engine, task_name: str, ablation: str, unit: str, loaded: tuple[Task, list[Doc]]) -> Evaluator:
+def _evaluator(engine: Engine, task_name: str, ablation: str, unit: str, loaded: tuple[Task, list[Doc]]) -> Evaluator:
   """The task on its documents under `ablation` over `unit`, checked."""
   if ablation not in ABLATIONS:
     raise UserError(f"unknown ablation {ablation!r}; valid: {', '.join(ABLATIONS)}")
@@ -29,10 +33,10 @@ def _evaluator(engine, task_name: str, ablation: str, unit: str, loaded: tuple[T
   return Evaluator.build(engine, task_name, *loaded, ablation, unit)
 
 
-def evaluate_masks(engine, task_name: str, keep_masks, *, ablation: str = "zero", num_samples: int | None = None,
-                   seed: int = 0, data_dir: str | None = None, task_options: dict[str, Any] | None = None,
-                   progress: bool = False, per_doc: bool = False, loaded: tuple[Task, list[Doc]] | None = None,
-                   unit: str = "heads") -> dict[str, np.ndarray]:
+def evaluate_masks(engine: Engine, task_name: str, keep_masks: ArrayLike, *, ablation: str = "zero",
+                   num_samples: int | None = None, seed: int = 0, data_dir: str | None = None,
+                   task_options: dict[str, Any] | None = None, progress: bool = False, per_doc: bool = False,
+                   loaded: tuple[Task, list[Doc]] | None = None, unit: str = "heads") -> dict[str, np.ndarray]:
   """A task's metrics under every keep-mask (float [masks, layers, units] over `unit`, heads or neurons; 1 keep,
   0 ablate), evaluated as one batch: name -> float [masks] (with `per_doc`, the per-document metrics,
   [masks, docs]). With mean ablation an ablated unit outputs its mean over the evaluated documents' tokens.
@@ -43,7 +47,7 @@ def evaluate_masks(engine, task_name: str, keep_masks, *, ablation: str = "zero"
           np.asarray(keep_masks, np.float32), progress=progress, per_doc=per_doc)
 
 
-def evaluate_heads(engine, task_name: str, *, heads: str | Sequence[str] | None = None, ablation: str = "zero",
+def evaluate_heads(engine: Engine, task_name: str, *, heads: str | Sequence[str] | None = None, ablation: str = "zero",
                    num_samples: int | None = None, seed: int = 0, data_dir: str | None = None,
                    task_options: dict[str, Any] | None = None, progress: bool = False,
                    curve: bool = False, loaded: tuple[Task, list[Doc]] | None = None,

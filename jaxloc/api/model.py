@@ -162,16 +162,21 @@ class Model:
     return out["logits"]
 
   def score(self, prompts: Sequence[str], continuations: Sequence[str], masks: Masks = None, *,
-            heads: Names | None = None, neurons: Names | None = None) -> np.ndarray:
+            heads: Names | None = None, neurons: Names | None = None, exact: bool = False) -> np.ndarray:
     """Log-probability float32 [M, P] of each continuation after its prompt (summed over its tokens, teacher
-    forced), under every mask."""
+    forced), under every mask.
+
+    exact: each mask's scores bit for bit the same whatever other masks share the call (one mask alone, or among
+    hundreds): every compiled call then runs the layout's full number of masks, padding a short one with unablated
+    masks, so a call of one mask costs as much as a full call. Without it, the last call of a few masks may take a
+    smaller compiled size, whose kernels can round differently (float32 rounding)."""
     if isinstance(prompts, str) or isinstance(continuations, str):
       raise UserError("score takes lists: prompts=[...], continuations=[...] (one continuation per prompt)")
     if len(prompts) != len(continuations):
       raise UserError(f"{len(prompts)} prompts but {len(continuations)} continuations; give one per prompt")
     chosen = self.masks(masks, heads, neurons)
     requests = [ScoringRequest(p, c) for p, c in zip(prompts, continuations)]
-    return self.engine.score(requests, chosen.heads, neuron_masks=chosen.neurons).logprob
+    return self.engine.score(requests, chosen.heads, neuron_masks=chosen.neurons, exact=exact).logprob
 
   def generate(self, prompts: Sequence[str], masks: Masks = None, *, heads: Names | None = None,
                neurons: Names | None = None, max_new_tokens: int = 32, stop: Sequence[str] = ()

@@ -1,6 +1,7 @@
 """Activation patching over every head in one compiled call (`jaxloc.Model.patch`) against a PyTorch hook loop doing
 the same (one forward per head, as TransformerLens and nnsight run it), on IOI-style prompt pairs; and one call
-scoring many masks against one call per mask.
+scoring many masks against one call per mask (by default, and with `exact=True`, whose scores are bit for bit those
+of any other call).
 
 Both sides run the shipped code: `Model.patch` and `Model.score` for jaxloc, `torch_reference.patched_heads_loop`
 for PyTorch. Parity is the largest difference of the patched logits at the answer tokens, and of the logit
@@ -36,6 +37,8 @@ class PatchingConfig:
   pairs: int = setting(8, "IOI-style clean/corrupted prompt pairs patched together.", lower=1)
   repeats: int = setting(3, "Warm runs of each side; the fastest is reported.", lower=1)
   score_masks: int = setting(100, "Masks scored in one call against one call per mask.", lower=1)
+  exact_masks: int = setting(10, "Of those, masks also scored one per call with exact=True (bit-identical scores; "
+                             "each call runs the full compiled size, so it costs a full call).", lower=0)
   torch_baseline: bool = setting(True, "Run the PyTorch hook loop (needs torch and transformers).")
 
 
@@ -119,12 +122,24 @@ def many_masks(model: Model, config: PatchingConfig) -> dict[str, Any]:
   prompts = ["The plural of mouse is", "The plural of child is", "The plural of goose is", "The plural of cat is"]
   answers = [" mice", " children", " geese", " cats"]
   masks = masks_lib.random(model, config.score_masks, 0.1, seed=0)
-  model.score(prompts, answers, masks)  # compiles
+  # Warm-ups, twice: a second call may compile a smaller call size once the first has timed the full one
+  # (`scorer.call_size`).
+  for _ in range(2):
+    model.score(prompts, answers, masks)
   one_seconds, together = best_time(lambda: model.score(prompts, answers, masks), config.repeats)
-  model.score(prompts, answers, masks[0])
+  for _ in range(2):
+    model.score(prompts, answers, masks[0])
   start = time.perf_counter()
   separate = np.concatenate([model.score(prompts, answers, masks[i]) for i in range(len(masks))])
   separate_seconds = time.perf_counter() - start
+  # exact=True: each mask's scores bit for bit whatever shares its call; one call per mask costs a full call.
+  model.score(prompts, answers, masks, exact=True)  # compiles (the one call's shapes)
+  exact_seconds, exact = best_time(lambda: model.score(prompts, answers, masks, exact=True), config.repeats)
+  count = min(len(masks), config.exact_masks)
+  start = time.perf_counter()
+  exact_separate = [model.score(prompts, answers, masks[i], exact=True) for i in range(count)]
+  exact_separate_seconds = time.perf_counter() - start
+  exact_each = np.concatenate(exact_separate) if count else exact[:0]
   logits_masks = masks[:min(len(masks), 20)]
   in_one = model.logits(prompts, logits_masks, last=True)
   each = np.concatenate([model.logits(prompts, logits_masks[i], last=True) for i in range(len(logits_masks))])
@@ -132,7 +147,13 @@ def many_masks(model: Model, config: PatchingConfig) -> dict[str, Any]:
           "separate_calls_seconds": separate_seconds, "speedup": separate_seconds / one_seconds,
           "max_abs_score_difference": float(np.abs(together - separate).max()),
           "scores_identical": bool(np.array_equal(together, separate)),
-          "logits_masks": len(logits_masks), "max_abs_logit_difference": float(np.abs(in_one - each).max())}
+          "exact_one_call_seconds": exact_seconds, "exact_masks": count,
+          "exact_separate_seconds_per_call": exact_separate_seconds / max(count, 1),
+          "exact_max_abs_score_difference": float(np.abs(exact[:count] - exact_each).max()) if count else 0.0,
+          "exact_scores_identical": bool(np.array_equal(exact[:count], exact_each)),
+          "exact_vs_default_max_abs": float(np.abs(exact - together).max()),
+          "logits_masks": len(logits_masks), "max_abs_logit_difference": float(np.abs(in_one - each).max()),
+          "logits_identical": bool(np.array_equal(in_one, each))}
 
 
 def format_patching(p: dict[str, Any]) -> str:
@@ -156,7 +177,12 @@ def format_many_masks(m: dict[str, Any]) -> str:
             f"in {m['masks']} calls: {m['separate_calls_seconds']:.2f} s ({m['speedup']:.1f}x); "
             f"max |score difference| {m['max_abs_score_difference']:.2e} (identical: {m['scores_identical']}); "
             f"logits of {m['logits_masks']} masks in one call vs one each: max |difference| "
-            f"{m['max_abs_logit_difference']:.2e}"]
+            f"{m['max_abs_logit_difference']:.2e} (identical: {m['logits_identical']})",
+           f"  exact=True: {m['masks']} masks in one call {m['exact_one_call_seconds']:.2f} s; "
+            f"{m['exact_masks']} of them one per call {m['exact_separate_seconds_per_call']:.2f} s per call; "
+            f"max |score difference| {m['exact_max_abs_score_difference']:.2e} "
+            f"(identical: {m['exact_scores_identical']}); exact vs default max |difference| "
+            f"{m['exact_vs_default_max_abs']:.2e}"]
   return "\n".join(lines)
 
 

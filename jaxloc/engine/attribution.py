@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
+from numpy.typing import ArrayLike
 
 from jaxloc.engine import batching, scoring
 from jaxloc.engine.masks import check_fills, check_masks
@@ -25,11 +27,13 @@ from jaxloc.engine.scoring import Rows, prefix_context, score_chunk, target_logp
 from jaxloc.engine.shared import Shared
 from jaxloc.errors import UserError
 from jaxloc.models.layers import Context
+from jaxloc.models.config import ModelConfig
 from jaxloc.models.decoder import Ablation, OutputSpec
 
 
-def mask_objective(module, config, params, ablation: Ablation, prefix_tokens, rows: Rows, weights, offsets, dtype,
-                   retained: bool = False):
+def mask_objective(module: Any, config: ModelConfig, params: Any, ablation: Ablation,
+                   prefix_tokens: jax.Array | None, rows: Rows, weights: jax.Array, offsets: jax.Array,
+                   dtype: DTypeLike, retained: bool = False) -> jax.Array:
   """Per mask [Mb]: sum over slots of weights[n] * f(logprob[m, n] - offsets[n]), where f is the identity, or
   with `retained` the probability kept relative to the offsets, exp(min(., 0)) (in [0, 1]: a request that loses
   everything counts 1, however many nats it loses).
@@ -47,23 +51,27 @@ def mask_objective(module, config, params, ablation: Ablation, prefix_tokens, ro
   return values @ weights
 
 
-def mask_objective_and_grad(module, config, params, ablation: Ablation, *args, dtype, retained: bool = False):
+def mask_objective_and_grad(module: Any, config: ModelConfig, params: Any, ablation: Ablation, *args: Any,
+                            dtype: DTypeLike, retained: bool = False
+                            ) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
   """`mask_objective` [Mb] and its gradients in the head mask [Mb, L, H] and the neuron mask [Mb, L, F] (None
   for a kind the ablation does not hold; masks are independent: the gradient of the sum over masks is each
   mask's own)."""
 
-  def total(masks):
+  def total(masks: tuple[jax.Array | None, jax.Array | None]) -> tuple[jax.Array, jax.Array]:
     values = mask_objective(module, config, params, dataclasses.replace(ablation, head_mask=masks[0],
                                                                         neuron_mask=masks[1]),
-                            *args, dtype=dtype, retained=retained)
+                            *args, dtype=dtype, retained=retained)  # type: ignore[misc]  # args: the 5 before dtype
     return values.sum(), values
 
   (_, values), grads = jax.value_and_grad(total, has_aux=True)((ablation.head_mask, ablation.neuron_mask))
   return values, grads[0], grads[1]
 
 
-def neuron_integrated_gradients(module, config, params, neuron_fill, prefix_tokens, tokens, positions, target_pos,
-                                target_ids, target_valid, *, steps: int, dtype):
+def neuron_integrated_gradients(module: Any, config: ModelConfig, params: Any, neuron_fill: jax.Array | None,
+                                prefix_tokens: jax.Array | None, tokens: jax.Array, positions: jax.Array,
+                                target_pos: jax.Array, target_ids: jax.Array, target_valid: jax.Array, *, steps: int,
+                                dtype: DTypeLike) -> jax.Array:
   """Integrated-gradients attribution [Rb, L, F] of every neuron at each request's last context position (the
   position predicting its first target token) for the probability of the request's target.
 
@@ -93,7 +101,7 @@ def neuron_integrated_gradients(module, config, params, neuron_fill, prefix_toke
   masks = jnp.broadcast_to(jnp.tile(alphas, rows)[:, None, None], (width, cfg.num_layers, cfg.intermediate_size))
   slots = jnp.repeat(target_valid.astype(jnp.float32)[..., None], steps, axis=0)  # [Rb * steps, T, 1]
 
-  def probability(mask):
+  def probability(mask: jax.Array) -> jax.Array:
     ablation = Ablation(neuron_mask=mask, neuron_fill=neuron_fill, neuron_where=repeat(where))
     out = module.apply({"params": params}, repeat(tokens), repeat(positions), ablation=ablation, context=context,
                        dtype=dtype)
@@ -105,7 +113,8 @@ def neuron_integrated_gradients(module, config, params, neuron_fill, prefix_toke
   return grad.astype(jnp.float32).reshape(rows, steps, cfg.num_layers, cfg.intermediate_size).mean(axis=1)
 
 
-def unit_sums(module, params, tokens, segments, *, dtype):
+def unit_sums(module: Any, params: Any, tokens: jax.Array, segments: jax.Array, *,
+              dtype: DTypeLike) -> tuple[jax.Array, jax.Array]:
   """Per-head attention outputs [L, K, G, Dh] and neuron values [L, F] of the unablated model, summed over the
   tokens [1, Rb, S] whose segment is not -1."""
   positions = jnp.arange(tokens.shape[-1])[None, None]
@@ -127,9 +136,11 @@ class Attribution:
     self._sums_fn = shared.jit(functools.partial(unit_sums, module, dtype=dtype))
     self.jitted = (self._objective_fn, self._attribution_fn, self._sums_fn)
 
-  def mask_objective(self, requests: Sequence[ScoringRequest], head_masks=None, weights: Sequence[float] | None = None,
-                     offsets: Sequence[float] | None = None, *, retained: bool = False, head_fill=None,
-                     neuron_masks=None, neuron_fill=None) -> tuple[np.ndarray, np.ndarray]:
+  def mask_objective(self, requests: Sequence[ScoringRequest], head_masks: ArrayLike | None = None,
+                     weights: Sequence[float] | None = None, offsets: Sequence[float] | None = None, *,
+                     retained: bool = False, head_fill: ArrayLike | None = None,
+                     neuron_masks: ArrayLike | None = None, neuron_fill: ArrayLike | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """Per keep-mask m (soft values allowed): sum_r weights[r] * f(logprob[m, r] - offsets[r]) and its gradient
     in the mask, float [M] and [M, L, H] (head masks) or [M, L, F] (neuron masks; give one kind); f is the identity,
     or with `retained` exp(min(., 0)), the probability a request keeps relative to `offsets`
@@ -147,24 +158,25 @@ class Attribution:
     # A backward pass keeps every layer's activations: no more masks per call than given (a power of two, so that
     # callers with varying counts share a handful of shapes), at most the layout's.
     per_call = min(plan.masks_per_call, batching.bucket_pow2(len(masks)))
-    weights = np.full(len(requests), 1.0 / len(requests)) if weights is None else np.asarray(weights, np.float64)
-    offsets = np.zeros(len(requests)) if offsets is None else np.asarray(offsets, np.float64)
-    for name, given in (("weight", weights), ("offset", offsets)):
+    weight = np.full(len(requests), 1.0 / len(requests)) if weights is None else np.asarray(weights, np.float64)
+    offset = np.zeros(len(requests)) if offsets is None else np.asarray(offsets, np.float64)
+    for name, given in (("weight", weight), ("offset", offset)):
       if given.shape != (len(requests),):
         raise UserError(f"need one {name} per request ({len(requests)}), got {given.shape}")
     prefix = place.prefix(lay.prefix)
     fill = place.fills(check_fills(shared.model_config, head_fill, neuron_fill))
     values = np.zeros(len(masks), np.float64)
-    given = masks.heads if masks.heads is not None else masks.neurons
-    grads = np.zeros(given.shape, np.float64)
+    kind = masks.heads if masks.heads is not None else masks.neurons
+    assert kind is not None  # check_masks gives at least one kind
+    grads = np.zeros(kind.shape, np.float64)
     for chunk in lay.chunks:
       slots = chunk.index >= 0
-      per_slot = [np.zeros(len(chunk.index), np.float32) for _ in range(2)]
-      for slot_values, given in zip(per_slot, (weights, offsets)):
+      host_slots = [np.zeros(len(chunk.index), np.float32) for _ in range(2)]
+      for slot_values, given in zip(host_slots, (weight, offset)):
         slot_values[slots] = given[chunk.index[slots]]
       split = len(chunk.rows.tokens) % place.data_parallel == 0  # token rows over the data axis when they divide
       rows = place.rows(chunk.rows, place.split(2) if split else place.replicated)
-      per_slot = [place.put(a) for a in per_slot]
+      per_slot = [place.put(a) for a in host_slots]
       for begin in range(0, len(masks), per_call):
         batch = masks.rows(slice(begin, begin + per_call))
         real = len(batch)
@@ -175,7 +187,8 @@ class Attribution:
         grads[begin:begin + real] += to_host(head_grad if masks.heads is not None else neuron_grad)[:real]
     return values, grads
 
-  def neuron_attribution(self, requests: Sequence[ScoringRequest], steps: int = 20, neuron_fill=None,
+  def neuron_attribution(self, requests: Sequence[ScoringRequest], steps: int = 20,
+                         neuron_fill: ArrayLike | None = None,
                          progress: Callable[[int], None] | None = None) -> np.ndarray:
     """Integrated-gradients attribution float [R, L, F] of every neuron at each request's last context position
     for the probability of its continuation (`neuron_integrated_gradients`): value times the mean gradient along
@@ -215,7 +228,7 @@ class Attribution:
     head_total = np.zeros((c.num_layers, c.num_kv_heads, c.queries_per_kv, c.head_dim), np.float64)
     neuron_total = np.zeros((c.num_layers, c.intermediate_size), np.float64)
     count = 0
-    rows = shared.planner.sum_rows(np.mean([len(s) for s in tokenized.sequences]))
+    rows = shared.planner.sum_rows(float(np.mean([len(s) for s in tokenized.sequences])))
     width = batching.bucket(max(len(s) for s in tokenized.sequences))  # one width for every call: one compile
     for begin in range(0, len(order), rows):
       members = order[begin:begin + rows]

@@ -20,7 +20,7 @@ import hashlib
 import logging
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import jax
 
@@ -53,14 +53,14 @@ _listening = False
 _listening_lock = threading.Lock()
 
 
-def _on_duration(event: str, duration: float, **_: Any) -> None:
+def _on_duration(event: str, duration_secs: float, **_: str | int) -> None:
   time = getattr(_charged, "time", None)
   if time is None:
     return
   if event in (TRACE_EVENT, LOWER_EVENT, BACKEND_EVENT):
-    time.seconds += duration
+    time.seconds += duration_secs
   if event == BACKEND_EVENT:
-    time.backend_seconds += duration
+    time.backend_seconds += duration_secs
 
 
 def _on_event(event: str, **_: Any) -> None:
@@ -86,18 +86,19 @@ class Jitted:
     default, which is TF32 on GPUs that have it). It is part of jit's cache key, so one function traced under two
     precisions compiles twice rather than reusing the other's executable."""
 
-  def __init__(self, fn: Callable, time: CompileTime, matmul_precision: str | None = None, **options: Any):
+  def __init__(self, fn: Callable[..., Any], time: CompileTime, matmul_precision: str | None = None,
+               **options: Any):
     _listen()
     self._jitted = jax.jit(fn, **options)
     self._time = time
     self._precision = matmul_precision
-    self._executables: dict = {}
+    self._executables: dict[Hashable, Any] = {}
 
-  def _traced(self):
+  def _traced(self) -> contextlib.AbstractContextManager[Any]:
     """The context every trace of the function runs in: the precision is read when tracing, not when jitting."""
     return contextlib.nullcontext() if self._precision is None else jax.default_matmul_precision(self._precision)
 
-  def __call__(self, *args, **kwargs):
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
     outer = getattr(_charged, "time", None)
     _charged.time = self._time
     try:
@@ -106,11 +107,11 @@ class Jitted:
     finally:
       _charged.time = outer
 
-  def lower(self, *args, **kwargs):
+  def lower(self, *args: Any, **kwargs: Any) -> Any:
     with self._traced():
       return self._jitted.lower(*args, **kwargs)
 
-  def executable(self, *args, **static):
+  def executable(self, *args: Any, **static: Any) -> Any:
     """The function compiled ahead of time for `args` (arrays, or `jax.ShapeDtypeStruct`s with the shardings the
     arrays will have) and the `static` arguments, kept by their shapes and dtypes: its `memory_analysis()` sizes a
     call before any memory is committed to it, and calling it (with the arrays alone) runs that very executable."""
@@ -127,7 +128,8 @@ class Jitted:
 
   def compiled_shapes(self) -> int:
     """Distinct shapes (and static arguments) compiled so far, called or ahead of time."""
-    return self._jitted._cache_size() + len(self._executables)  # noqa: SLF001  (jax exposes no public count)
+    # jax exposes no public count (nor does its stub declare this one)
+    return self._jitted._cache_size() + len(self._executables)  # type: ignore[attr-defined]  # noqa: SLF001
 
 
 def cache_directory(base: str) -> str:
@@ -156,7 +158,9 @@ def use_persistent_cache(setting: str) -> str:
 
   base = "none" if setting == "none" else (setting or os.path.join(default_cache_dir(), "compilation"))
   directory = None if base == "none" else cache_directory(base)
-  current = jax.config.jax_compilation_cache_dir if jax.config.jax_enable_compilation_cache else None
+  # jax.config's stub declares none of its flags as attributes (and `read` refuses these two).
+  current = (jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
+             if jax.config.jax_enable_compilation_cache else None)  # type: ignore[attr-defined]
   if directory == current:
     return base
   if directory is None:

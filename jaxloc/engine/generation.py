@@ -17,10 +17,13 @@ the unablated model's, computed once for all masks (`unablated_prefix`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
+from jaxloc.models.config import ModelConfig
 from jaxloc.models.decoder import Ablation, OutputSpec, Resume, lm_logits
 from jaxloc.models.layers import Context
 
@@ -55,13 +58,13 @@ class Slots:
 jax.tree_util.register_dataclass(Slots, data_fields=[f.name for f in dataclasses.fields(Slots)], meta_fields=[])
 
 
-def slot_shapes(config, dtype, *, slots: int, rows: int, prefix: int, cache: int, new: int, heads: bool = True,
-                neurons: bool = False, head_fill: bool = False, neuron_fill: bool = False) -> Slots:
+def slot_shapes(config: ModelConfig, dtype: DTypeLike, *, slots: int, rows: int, prefix: int, cache: int, new: int,
+                heads: bool = True, neurons: bool = False, head_fill: bool = False, neuron_fill: bool = False) -> Slots:
   """A `Slots` of `jax.ShapeDtypeStruct`s: a job's state as shapes, to compile its calls ahead of time (and read
   XLA's memory and cost analyses) before any of it exists. heads/neurons: which masks the slots hold; *_fill:
   mean ablation."""
   c = config
-  shape = jax.ShapeDtypeStruct
+  shape: Callable[..., Any] = jax.ShapeDtypeStruct  # shapes stand in for the arrays of a `Slots` (a pytree)
   kv = shape((c.num_layers, slots, prefix, c.num_kv_heads, c.head_dim), dtype)
   own = shape((c.num_layers, slots, rows, cache, c.num_kv_heads, c.head_dim), dtype)
   per_row = lambda d: shape((slots, rows), d)  # noqa: E731
@@ -73,7 +76,7 @@ def slot_shapes(config, dtype, *, slots: int, rows: int, prefix: int, cache: int
                shape((slots, rows, new), jnp.int32), per_row(jnp.int32), per_row(bool), per_row(jnp.int32))
 
 
-def empty_slots(shapes: Slots, head_fill, neuron_fill, prefix_len) -> Slots:
+def empty_slots(shapes: Slots, head_fill: Array | None, neuron_fill: Array | None, prefix_len: int | Array) -> Slots:
   """A state of `shapes` (`slot_shapes`) with every row ended and every mask slot keeping everything: zeros, the fills
   given (or None), `prefix_len` real prefix tokens."""
   state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
@@ -94,7 +97,8 @@ def prefix_context(state: Slots) -> Context | None:
   return Context(state.prefix_k, state.prefix_v, valid, positions)
 
 
-def unablated_prefix(module, params, prefix_tokens, *, dtype):
+def unablated_prefix(module: Any, params: Any, prefix_tokens: Array, *,
+                     dtype: DTypeLike) -> tuple[Array, Array, Array]:
   """The unablated model on the prefix [P]: the residual stream entering every layer [L, P, D] and every layer's
   keys/values [L, P, K, Dh]. A mask that ablates nothing below layer l takes the layers below from them."""
   width = prefix_tokens.shape[0]
@@ -103,15 +107,19 @@ def unablated_prefix(module, params, prefix_tokens, *, dtype):
   return out.residual[:, 0, 0], out.k[:, 0, 0], out.v[:, 0, 0]
 
 
-def load_masks(module, params, state: Slots, slot, masks: Ablation, prefix_tokens, start=None, *, dtype) -> Slots:
+def load_masks(module: Any, params: Any, state: Slots, slot: Array, masks: Ablation, prefix_tokens: Array,
+               start: tuple[Array, Array, Array, Array] | None = None, *, dtype: DTypeLike) -> Slots:
   """Puts masks [Mn] (their fills are the state's) into mask slots `slot` [Mn] (Ms drops a padding entry) and
   prefills the prefix [P] under each.
 
   start: None, or (start_layer int32 scalar, `unablated_prefix`'s three arrays) when no mask ablates anything below
   start_layer: the prefill resumes there, and the layers below keep the unablated keys/values.
   """
-  def put(into, new):
-    return None if into is None else into.at[slot].set(new.astype(into.dtype), mode="drop")
+  def put(into: Array | None, new: Array | None) -> Array | None:
+    if into is None:
+      return None
+    assert new is not None, "the masks hold every kind the slots do"
+    return into.at[slot].set(new.astype(into.dtype), mode="drop")
 
   ablation = dataclasses.replace(state.ablation, head_mask=put(state.ablation.head_mask, masks.head_mask),
                                  neuron_mask=put(state.ablation.neuron_mask, masks.neuron_mask))
@@ -134,7 +142,8 @@ def load_masks(module, params, state: Slots, slot, masks: Ablation, prefix_token
                              prefix_v=state.prefix_v.at[:, slot].set(v, mode="drop"))
 
 
-def insert_rows(module, config, params, state: Slots, row, tokens, lengths, *, pad_id: int, dtype) -> Slots:
+def insert_rows(module: Any, config: ModelConfig, params: Any, state: Slots, row: Array, tokens: Array,
+                lengths: Array, *, pad_id: int, dtype: DTypeLike) -> Slots:
   """Starts new rows: mask slot m's suffixes tokens[m] [Ri, S] (right-padded, `lengths` [Ms, Ri] real tokens) go into
   its row slots row[m] [Ri] (Rs drops a padding entry), prefilled under the slot's mask after its prefix; each row's
   first new token is the argmax after its last suffix token."""
@@ -155,8 +164,8 @@ def insert_rows(module, config, params, state: Slots, row, tokens, lengths, *, p
       done=at(state.done).set(False, mode="drop"), automaton=at(state.automaton).set(0, mode="drop"))
 
 
-def decode(module, config, params, state: Slots, eos_ids, stop_next, stop_hit, budget, *, steps: int, span: int,
-           dtype) -> Slots:
+def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids: Array, stop_next: Array,
+           stop_hit: Array, budget: Array, *, steps: int, span: int, dtype: DTypeLike) -> Slots:
   """Up to `steps` greedy steps of every live row (fewer once all are done), reading each row's cache up to `span`.
 
   A step emits each live row's current token, ends the row on EOS (eos_ids [E]), a stop string (stop_next, stop_hit
@@ -169,10 +178,12 @@ def decode(module, config, params, state: Slots, eos_ids, stop_next, stop_hit, b
   context = prefix_context(state)
   positions = (state.prefix_len + jnp.arange(span))[None, None]
 
-  def cond(carry):
+  Carry = tuple[Array, Array, Array, Slots]
+
+  def cond(carry: Carry) -> Array:
     return (carry[0] < steps) & ~carry[-1].done.all()
 
-  def body(carry):
+  def body(carry: Carry) -> Carry:
     step, k, v, s = carry
     live = ~s.done
     tokens = s.tokens.at[mi, ri, jnp.where(live, s.count, emitted)].set(s.current, mode="drop")
@@ -191,6 +202,7 @@ def decode(module, config, params, state: Slots, eos_ids, stop_next, stop_hit, b
                             tokens=tokens, count=count, done=done, automaton=automaton)
     return step + 1, k, v, s
 
-  rest = dataclasses.replace(state, cache_k=None, cache_v=None)  # the loop carries each cache once
+  # The loop carries each cache once (the state's own fields, None here, are not arrays for that while).
+  rest = dataclasses.replace(state, cache_k=None, cache_v=None)  # type: ignore[arg-type]
   _, k, v, rest = jax.lax.while_loop(cond, body, (jnp.int32(0), state.cache_k, state.cache_v, rest))
   return dataclasses.replace(rest, cache_k=k, cache_v=v)

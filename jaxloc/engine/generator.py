@@ -20,12 +20,13 @@ import dataclasses
 import functools
 import logging
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
+from numpy.typing import ArrayLike
 
 from jaxloc.engine import batching, generation, stops as stop_strings
 from jaxloc.engine.masks import Fills, Masks, check_fills, check_masks, start_layers
@@ -85,12 +86,12 @@ class Generator:
     self._decode_fn = shared.jit(functools.partial(generation.decode, module, config, dtype=dtype),
                                  static_argnames=("steps", "span"), donate_argnums=(1,))
     self.jitted = (self._prefix_fn, self._load_fn, self._insert_fn, self._decode_fn)
-    self._stop_cache: dict = {}
+    self._stop_cache: dict[tuple[str, ...], tuple[jax.Array, ...]] = {}
     self._token_strings: list[str] | None = None
     self._layouts: dict = {}  # (masks, docs, prefix, suffix, new, kinds) -> GenerationSlots, measured once
     self._makers: dict = {}  # a state's shapes -> its compiled maker (`generation.empty_slots`)
 
-  def _stop_tables(self, stops: tuple[str, ...]):
+  def _stop_tables(self, stops: tuple[str, ...]) -> tuple[jax.Array, ...]:
     """Device tables of the stop-string automaton for `stops` (cached; the vocabulary is decoded once)."""
     if stops not in self._stop_cache:
       vocab = self.shared.model_config.vocab_size
@@ -98,7 +99,7 @@ class Generator:
         tok = self.shared.model.tokenizer
         known = len(tok)  # embedding rows past the tokenizer's vocabulary are never-emitted padding
         self._token_strings = [tok.decode([i], skip_special_tokens=True) if i < known else "" for i in range(vocab)]
-      strings = self._token_strings if stops else [""] * vocab
+      strings = self._token_strings if stops and self._token_strings is not None else [""] * vocab
       tables = stop_strings.stop_tables(strings, stops)
       self._stop_cache[stops] = tuple(self.shared.placement.put(t) for t in tables)
     return self._stop_cache[stops]
@@ -110,14 +111,14 @@ class Generator:
 
   # --- the state's arrays, their shardings and shapes -----------------------------------------------------------
 
-  def _shardings(self, state_like):
+  def _shardings(self, state_like: generation.Slots) -> generation.Slots:
     """Each array of a `Slots` split over the data axis along its mask-slot axis (fills and scalars replicated)."""
     mesh = self.shared.placement.mesh
 
-    def along(axis):
+    def along(axis: int) -> Any:  # a sharding where the state holds an array (a `Slots` of shardings)
       return NamedSharding(mesh, PartitionSpec(*([None] * axis), DATA))
 
-    replicated = NamedSharding(mesh, PartitionSpec())
+    replicated: Any = NamedSharding(mesh, PartitionSpec())
     ablation = state_like.ablation
     return generation.Slots(
         ablation=Ablation(None if ablation.head_mask is None else along(0),
@@ -153,11 +154,12 @@ class Generator:
 
   # --- planning -------------------------------------------------------------------------------------------------
 
-  def _decode_args(self, state, tables, eos_ids):
+  def _decode_args(self, state: generation.Slots, tables: tuple[jax.Array, ...],
+                   eos_ids: jax.Array) -> tuple[Any, ...]:
     return (self.shared.placement.params, state, eos_ids, tables[0], tables[1], jnp.int32(0))
 
-  def _layout(self, key, masks: Masks, fill: Fills, num_masks: int, num_docs: int, prefix: int, suffix: int,
-              new: int, tables, eos_ids) -> GenerationSlots:
+  def _layout(self, key: Hashable, masks: Masks, fill: Fills, num_masks: int, num_docs: int, prefix: int,
+              suffix: int, new: int, tables: tuple[jax.Array, ...], eos_ids: jax.Array) -> GenerationSlots:
     """The planner's slots for this job's shapes; where its estimate comes near the budget, XLA's memory analysis of
     the compiled decode call (its largest span) confirms it, or the layout shrinks (`Planner.smaller`) until XLA
     measures one under the budget (each executable is kept, and the chosen one runs the job)."""
@@ -185,7 +187,8 @@ class Generator:
 
   # --- the job ----------------------------------------------------------------------------------------------------
 
-  def _generate_grid(self, prompt_ids: Sequence[Sequence[int]], docs: Sequence[int], masks: Masks, fill: Fills,
+  def _generate_grid(self, prompt_ids: Sequence[Sequence[int]] | Mapping[int, Sequence[int]], docs: Sequence[int],
+                     masks: Masks, fill: Fills,
                      stops: tuple[str, ...], max_new: int, progress: Callable[[int], None] | None = None
                      ) -> Iterator[tuple[tuple[int, int], list[int]]]:
     """Greedy tokens of every prompt `docs` under every mask, as rows end: ((mask, prompt), generated ids up to and
@@ -209,9 +212,9 @@ class Generator:
     start = time.perf_counter()
     state = self._empty(job, masks, fill)
 
-    prefix_tokens = np.full((prefix_width,), pad_id, np.int32)
-    prefix_tokens[:prefix_len] = prompt_ids[docs[0]][:prefix_len]
-    prefix_tokens = place.put(prefix_tokens)
+    prefix_host = np.full((prefix_width,), pad_id, np.int32)
+    prefix_host[:prefix_len] = prompt_ids[docs[0]][:prefix_len]
+    prefix_tokens = place.put(prefix_host)
     starts = (start_layers(c, masks) if shared.planner.residual_cache else np.zeros(len(masks), np.int64))
     unablated = None
     # The unablated prefix costs one prefill of every layer and saves each mask the layers below its start.
@@ -226,7 +229,7 @@ class Generator:
                     shared.planner.residual_cache / GIB)
     order = collections.deque(sorted(range(len(masks)), key=lambda m: starts[m]))  # neighbours share start layers
     mask_of = np.full(slots, -1)
-    pending: list[collections.deque] = [collections.deque() for _ in range(slots)]
+    pending: list[collections.deque[int]] = [collections.deque() for _ in range(slots)]
     doc_of = np.full((slots, rows), -1)
     live = np.zeros((slots, rows), bool)
     length = np.zeros((slots, rows), np.int64)
@@ -256,8 +259,9 @@ class Generator:
           progress(int(ended.sum()))
     shared.stats.seconds += time.perf_counter() - start
 
-  def _load(self, state, free: list[int], order: collections.deque, mask_of: np.ndarray, pending, docs, masks: Masks,
-            starts: np.ndarray, unablated, prefix_tokens):
+  def _load(self, state: generation.Slots, free: list[int], order: collections.deque[int], mask_of: np.ndarray,
+            pending: list[collections.deque[int]], docs: Sequence[int], masks: Masks, starts: np.ndarray,
+            unablated: tuple[jax.Array, jax.Array, jax.Array] | None, prefix_tokens: jax.Array) -> generation.Slots:
     """Loads the next masks of `order` into the mask slots `free`, in calls of at most the planner's masks
     (`Planner.load_masks`; padding entries point past the slots)."""
     place = self.shared.placement
@@ -282,8 +286,9 @@ class Generator:
       self.shared.stats.calls += 1
     return state
 
-  def _insert(self, state, suffixes: dict, width: int, pending, live: np.ndarray, doc_of: np.ndarray,
-              length: np.ndarray):
+  def _insert(self, state: generation.Slots, suffixes: dict[int, list[int]], width: int,
+              pending: list[collections.deque[int]], live: np.ndarray, doc_of: np.ndarray,
+              length: np.ndarray) -> generation.Slots:
     """Fills every free row slot of each mask slot with its mask's pending prompts, in calls of at most the
     planner's rows per mask slot (`Planner.insert_rows`: a prefill of `tokens_per_batch` tokens)."""
     slots, rows = live.shape
@@ -315,9 +320,9 @@ class Generator:
 
   # --- the engine's face ------------------------------------------------------------------------------------------
 
-  def generate(self, requests: Sequence[GenerationRequest], head_masks=None, head_fill=None,
-               progress: Callable[[int], None] | None = None, *, neuron_masks=None, neuron_fill=None
-               ) -> list[list[str]]:
+  def generate(self, requests: Sequence[GenerationRequest], head_masks: ArrayLike | None = None,
+               head_fill: ArrayLike | None = None, progress: Callable[[int], None] | None = None, *,
+               neuron_masks: ArrayLike | None = None, neuron_fill: ArrayLike | None = None) -> list[list[str]]:
     """Greedy continuations [M][R] of every request under every mask, cut at the first stop string."""
     config = self.shared.model_config
     masks = check_masks(config, head_masks, neuron_masks)
@@ -341,8 +346,9 @@ class Generator:
         texts[m][i] = stop_strings.truncate_at_stop(tok.decode(ids, skip_special_tokens=True), stops)
     return texts
 
-  def generate_tokens(self, prompt_ids: Sequence[Sequence[int]], head_masks, max_new_tokens: int,
-                      head_fill=None, *, neuron_masks=None, neuron_fill=None) -> list[list[list[int]]]:
+  def generate_tokens(self, prompt_ids: Sequence[Sequence[int]], head_masks: ArrayLike | None, max_new_tokens: int,
+                      head_fill: ArrayLike | None = None, *, neuron_masks: ArrayLike | None = None,
+                      neuron_fill: ArrayLike | None = None) -> list[list[list[int]]]:
     """Greedy token ids [M][R] for pre-tokenized prompts, stopping at EOS only (for parity checks)."""
     config = self.shared.model_config
     masks = check_masks(config, head_masks, neuron_masks)
@@ -353,7 +359,7 @@ class Generator:
     return out
 
 
-def xla_bytes(executable, params) -> int:
+def xla_bytes(executable: Any, params: Any) -> int:
   """What a compiled call holds beyond the parameters, by XLA's `memory_analysis()`: temporaries, arguments and
   outputs, an output that reuses a donated argument's buffer counted once."""
   analysis = executable.memory_analysis()  # per device: so are the parameters' bytes taken off

@@ -10,12 +10,13 @@ bookkeeping is needed; only process 0 writes files (`jaxloc.files`).
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from jax.typing import ArrayLike
 
 from jaxloc.errors import UserError
 
@@ -47,7 +48,7 @@ def make_mesh(model_parallel: int = 1, devices: Sequence[jax.Device] | None = No
   return Mesh(grid, (DATA, MODEL))
 
 
-def param_sharding_for(mesh: Mesh, config=None):
+def param_sharding_for(mesh: Mesh, config: Any = None) -> Callable[[str, tuple[int, ...] | None], NamedSharding]:
   """Parameter path -> NamedSharding per PARAM_RULES; a dimension that does not divide is replicated."""
   model_size = mesh.shape[MODEL]
 
@@ -67,11 +68,11 @@ def param_sharding_for(mesh: Mesh, config=None):
   return sharding_for
 
 
-def shard_params(params, mesh: Mesh):
+def shard_params(params: Any, mesh: Mesh) -> Any:
   """Places an already-loaded parameter pytree on the mesh."""
   sharding_for = param_sharding_for(mesh)
 
-  def place(path, leaf):
+  def place(path: tuple[Any, ...], leaf: Any) -> jax.Array:
     sharding = sharding_for("/".join(k.key for k in path), leaf.shape)
     if jax.process_count() == 1 or (isinstance(leaf, jax.Array) and not leaf.is_fully_addressable):
       return jax.device_put(leaf, sharding)
@@ -84,7 +85,7 @@ def shard_params(params, mesh: Mesh):
 
 def data_sharding(mesh: Mesh, ndim: int, axis: int = 0) -> NamedSharding:
   """Splits dimension `axis` of an `ndim`-array over the data axis; the rest replicated."""
-  spec = [None] * ndim
+  spec: list[str | None] = [None] * ndim
   spec[axis] = DATA
   return NamedSharding(mesh, P(*spec))
 
@@ -93,7 +94,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def put(array: np.ndarray, sharding: NamedSharding) -> jax.Array:
+def put(array: ArrayLike, sharding: NamedSharding) -> jax.Array:
   """A global array from a host array every process holds in full (single- and multi-host)."""
   array = np.asarray(array)
   if jax.process_count() == 1:

@@ -7,11 +7,12 @@ mesh's data axis (or replicated), masks split or replicated likewise, everything
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
+from jax.typing import ArrayLike
 
 from jaxloc.engine import mesh as mesh_lib
 from jaxloc.engine.masks import Fills, Masks
@@ -32,7 +33,7 @@ class Placement:
   dtype: Any
 
   @classmethod
-  def build(cls, params, mesh: Mesh, dtype) -> "Placement":
+  def build(cls, params: Any, mesh: Mesh, dtype: Any) -> "Placement":
     return cls(mesh, mesh_lib.shard_params(params, mesh), dtype)
 
   @property
@@ -47,7 +48,7 @@ class Placement:
     """The leading dimension of an `ndim`-array over the data axis."""
     return mesh_lib.data_sharding(self.mesh, ndim)
 
-  def put(self, array, sharding: NamedSharding | None = None) -> jax.Array:
+  def put(self, array: ArrayLike, sharding: NamedSharding | None = None) -> jax.Array:
     return mesh_lib.put(array, self.replicated if sharding is None else sharding)
 
   def prefix(self, tokens: np.ndarray) -> jax.Array | None:
@@ -66,5 +67,7 @@ class Placement:
   def ablation(self, masks: Masks, fills: Fills, sharding: NamedSharding) -> Ablation:
     """The model's `Ablation` for a batch of masks, placed with `sharding`, with the fills of the kinds it holds."""
     put = lambda m: None if m is None else self.put(m.astype(self.dtype), sharding)  # noqa: E731
-    return Ablation(put(masks.heads), fills.heads if masks.heads is not None else None,
-                    put(masks.neurons), fills.neurons if masks.neurons is not None else None)
+    # Placed fills (`fills`) are jax.Arrays; `Fills` also types the host's.
+    head_fill, neuron_fill = (cast("jax.Array | None", f) for f in (fills.heads, fills.neurons))
+    return Ablation(put(masks.heads), head_fill if masks.heads is not None else None,
+                    put(masks.neurons), neuron_fill if masks.neurons is not None else None)

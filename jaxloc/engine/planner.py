@@ -25,6 +25,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from jaxloc.engine.batching import bucket_pow2, floor_pow2
 from jaxloc.engine.config import EngineConfig
@@ -71,7 +72,7 @@ def default_tokens_per_batch() -> int:
   return 2048 if jax.devices()[0].platform == "cpu" else 65536
 
 
-def resolve(config: EngineConfig, model_dtype) -> EngineConfig:
+def resolve(config: EngineConfig, model_dtype: DTypeLike) -> EngineConfig:
   """`config` with every default filled in for this machine and a model in `model_dtype`: the device's memory
   budget and tokens per call, a quarter of the budget for the residual cache, the model's dtype for activations."""
   if config.memory_budget_gb is not None and config.memory_budget_gb <= 0:
@@ -171,6 +172,8 @@ class Planner:
   @classmethod
   def of(cls, config: EngineConfig, model: ModelConfig, data_parallel: int = 1) -> "Planner":
     """The planner of a resolved config (`resolve`)."""
+    assert config.memory_budget_gb is not None and config.residual_cache_gb is not None \
+        and config.tokens_per_batch is not None, "Planner.of takes a resolved config (`resolve`)"
     return cls(model, gib_bytes(config.memory_budget_gb), config.tokens_per_batch,
                jnp.dtype(config.activation_dtype).itemsize, gib_bytes(config.residual_cache_gb), data_parallel,
                config.generation_batch)
@@ -199,7 +202,7 @@ class Planner:
     masks = max(parallel, masks // parallel * parallel)
     targets = bucket_pow2(max_targets)
 
-    def cost(m, r):
+    def cost(m: int, r: int) -> int:
       return self.activation_bytes(m, r, max_seq, context, targets)
 
     while cost(masks, requests) > self.call_budget:

@@ -11,10 +11,11 @@ import dataclasses
 import functools
 import logging
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Hashable, Iterator, Sequence
 
 import jax
 import numpy as np
+from numpy.typing import ArrayLike
 
 from jaxloc.engine import scoring
 from jaxloc.engine.batching import bucket_pow2
@@ -25,6 +26,9 @@ from jaxloc.engine.requests import ScoreOutputs, ScoringRequest
 from jaxloc.engine.shared import Shared
 
 log = logging.getLogger(__name__)
+
+# A chunk's unablated residual streams (`scoring.unablated_residuals`): the prefix's (None without one), the rows'.
+Streams = tuple[jax.Array | None, jax.Array]
 
 
 # A smaller call is compiled only when it saves this many compiles' worth of compute: a handful of calls take it.
@@ -61,9 +65,9 @@ class Scorer:
     self._score_fn = shared.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
     self._residuals_fn = shared.jit(functools.partial(scoring.unablated_residuals, module, dtype=dtype))
     self.jitted = (self._prefix_fn, self._score_fn, self._residuals_fn)
-    self._too_big: set = set()  # request sets whose streams did not fit the residual cache (warned once)
-    self._sizes: dict = {}  # call shape -> the masks per call compiled for it (`call_size`)
-    self._full_call: dict = {}  # call shape -> seconds of its fastest full call that compiled nothing
+    self._too_big: set[Hashable] = set()  # request sets whose streams did not fit the residual cache (warned once)
+    self._sizes: dict[Hashable, set[int]] = {}  # call shape -> the masks per call compiled for it (`call_size`)
+    self._full_call: dict[Hashable, float] = {}  # call shape -> seconds of its fastest full call that compiled nothing
 
   def _compiled(self) -> int:
     return sum(fn.compiled_shapes() for fn in self.jitted)
@@ -78,15 +82,16 @@ class Scorer:
     compiled = self._compiled() - compile_time.cache_hits
     return kernels * compile_time.seconds / compiled if compiled > 0 else None
 
-  def _residual_streams(self, requests: Sequence[ScoringRequest], lay: scoring.ScoringLayout, chunks: list):
+  def _residual_streams(self, requests: Sequence[ScoringRequest], lay: scoring.ScoringLayout,
+                        chunks: list[tuple[scoring.Chunk, scoring.Rows]]) -> list[Streams] | None:
     """The unablated residual streams of a laid-out request set, per chunk (computed once per request set and chunk
     shape, whatever the number of masks; kept while the residual cache has room, least recently used dropped
     first); None when they cannot fit it."""
     shared, place = self.shared, self.shared.placement
     key = (tuple(requests), len(lay.chunks), lay.chunks[0].rows.tokens.shape)
-    streams = shared.residuals.get(key)
-    if streams is not None:
-      return streams
+    kept: list[Streams] | None = shared.residuals.get(key)
+    if kept is not None:
+      return kept
     size = shared.planner.residual_stream_bytes(len(lay.prefix) + sum(chunk.rows.tokens.size for chunk in lay.chunks))
     if not shared.planner.fits_residual_cache(size):
       if key not in self._too_big:
@@ -108,8 +113,9 @@ class Scorer:
     shared.stats.seconds += time.perf_counter() - start
     return streams
 
-  def score_batches(self, requests: Sequence[ScoringRequest], head_masks=None, head_fill=None, *,
-                    neuron_masks=None, neuron_fill=None, few_calls: bool = False, exact: bool = False
+  def score_batches(self, requests: Sequence[ScoringRequest], head_masks: ArrayLike | None = None,
+                    head_fill: ArrayLike | None = None, *, neuron_masks: ArrayLike | None = None,
+                    neuron_fill: ArrayLike | None = None, few_calls: bool = False, exact: bool = False
                     ) -> Iterator[tuple[slice, ScoreOutputs]]:
     """Yields (mask slice, outputs for those masks) in mask order as batches finish, so callers can checkpoint.
     `few_calls`: these requests are scored in a few calls in all (held-out documents), so their layout may pad into
@@ -147,7 +153,9 @@ class Scorer:
     order = np.argsort(starts, kind="stable")
     starts_sharding = place.split(1) if shard_masks else place.replicated
 
-    def dispatch(begin: int):
+    Dispatched = tuple[np.ndarray, int, list[tuple[jax.Array, jax.Array]], float, float, bool]
+
+    def dispatch(begin: int) -> Dispatched:
       """Starts one batch of masks on the devices (asynchronously) and returns its handles."""
       start = time.perf_counter()
       compiled = self._compiled()
@@ -174,7 +182,8 @@ class Scorer:
 
     last = [0.0]  # when the previous batch came back: a pipelined batch's call time is counted from then
 
-    def collect(members: np.ndarray, layer: int, results, dispatched: float, seconds: float, compiling: bool):
+    def collect(members: np.ndarray, layer: int, results: list[tuple[jax.Array, jax.Array]], dispatched: float,
+                seconds: float, compiling: bool) -> None:
       start = time.perf_counter()
       real = len(members)
       for (chunk, _), (lp, greedy) in zip(chunks, results):
@@ -199,9 +208,10 @@ class Scorer:
     # The next batch is dispatched before the caller gets (and saves) the previous one, so the devices never
     # wait for the host's bookkeeping.
     ready = 0
-    pending = dispatch(0)
+    pending: Dispatched | None = dispatch(0)
     for begin in range(per_call, len(masks) + per_call, per_call):
       following = dispatch(begin) if begin < len(masks) else None
+      assert pending is not None  # None only once the last batch is collected, which ends the loop
       collect(*pending)
       pending = following
       finished = ready + int(np.argmin(np.append(done[ready:], False)))
@@ -209,17 +219,20 @@ class Scorer:
         yield slice(ready, finished), ScoreOutputs(logprob[ready:finished], is_greedy[ready:finished], lay.num_targets)
         ready = finished
 
-  def score(self, requests: Sequence[ScoringRequest], head_masks=None, head_fill=None,
-            progress: Callable[[int], None] | None = None, *, neuron_masks=None, neuron_fill=None) -> ScoreOutputs:
+  def score(self, requests: Sequence[ScoringRequest], head_masks: ArrayLike | None = None,
+            head_fill: ArrayLike | None = None, progress: Callable[[int], None] | None = None, *,
+            neuron_masks: ArrayLike | None = None, neuron_fill: ArrayLike | None = None,
+            exact: bool = False) -> ScoreOutputs:
     """Teacher-forced scores of every request under every mask (head masks [M, L, H] and/or neuron masks
-    [M, L, F], 1 keep / 0 ablate)."""
+    [M, L, F], 1 keep / 0 ablate). `exact`: a mask's scores bit for bit the same whatever masks share its call
+    (`score_batches`; every call at the layout's full size)."""
     masks = check_masks(self.shared.model_config, head_masks, neuron_masks)
     logprob = np.zeros((len(masks), len(requests)), np.float32)
     is_greedy = np.zeros((len(masks), len(requests)), bool)
     num_targets = None
     for where, out in self.score_batches(requests, masks.heads, head_fill, neuron_masks=masks.neurons,
-                                         neuron_fill=neuron_fill):
+                                         neuron_fill=neuron_fill, exact=exact):
       logprob[where], is_greedy[where], num_targets = out.logprob, out.is_greedy, out.num_tokens
       if progress:
         progress(where.stop - where.start)
-    return ScoreOutputs(logprob, is_greedy, num_targets)
+    return ScoreOutputs(logprob, is_greedy, num_targets)  # type: ignore[arg-type]  # None only for zero masks

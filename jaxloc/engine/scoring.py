@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from jaxloc.engine.batching import bucket, bucket_pow2
 from jaxloc.engine.requests import ScoringRequest
 from jaxloc.errors import UserError
 from jaxloc.models.layers import Context
+from jaxloc.models.config import ModelConfig
 from jaxloc.models.decoder import Ablation, OutputSpec, Resume, lm_logits
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,7 @@ class TokenizedRequests:
     return np.array([len(s) for s in self.sequences]) - self.target_start
 
 
-def _encode(tokenizer, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
+def _encode(tokenizer: Any, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
   """Token ids of each (text, add_special_tokens), one tokenizer call per special-token setting."""
   ids: list[list[int]] = [[] for _ in texts]
   for add_special in {flag for _, flag in texts}:
@@ -62,7 +64,8 @@ def _encode(tokenizer, texts: Sequence[tuple[str, bool]]) -> list[list[int]]:
   return ids
 
 
-def _split_pairs(tokenizer, requests: Sequence[ScoringRequest], fallback: int) -> list[tuple[list[int], list[int]]]:
+def _split_pairs(tokenizer: Any, requests: Sequence[ScoringRequest],
+                 fallback: int) -> list[tuple[list[int], list[int]]]:
   """(context ids, continuation ids) of every request, by its own encoding (`ScoringRequest`)."""
   separate = [i for i, r in enumerate(requests) if not r.joint]
   joint = [i for i, r in enumerate(requests) if r.joint and r.context]
@@ -85,7 +88,7 @@ def _split_pairs(tokenizer, requests: Sequence[ScoringRequest], fallback: int) -
   return [pairs_of[i] for i in range(len(requests))]
 
 
-def tokenize(tokenizer, requests: Sequence[ScoringRequest], max_length: int) -> TokenizedRequests:
+def tokenize(tokenizer: Any, requests: Sequence[ScoringRequest], max_length: int) -> TokenizedRequests:
   """tokens = tokenizer(context) + tokenizer(continuation, add_special_tokens=False), as lm-eval does
   (or lm-eval's HF encoding of the pair as one string, for `joint` requests).
 
@@ -110,7 +113,7 @@ def tokenize(tokenizer, requests: Sequence[ScoringRequest], max_length: int) -> 
     sequences.append(np.asarray(ctx + list(cont), np.int32))
     starts.append(len(ctx))
   if cut:
-    longest = max(cut, key=cut.get)
+    longest = max(cut, key=lambda i: cut[i])
     log.warning("%d of %d requests are longer than the model's %s positions: each keeps only the end of its context "
                 "(cut from the left, as lm-eval does); the longest, request %d (context %s), has %s tokens",
                 len(cut), len(requests), f"{max_length:,}", longest, _opening(requests[longest].context),
@@ -145,6 +148,11 @@ PACK_WIDTHS = (1, 1.5, 2, 3, 4, 6, 8)
 MAX_PACK_WIDTH = 1024
 
 
+# A `Rows` array: numpy on the host (`layout`), a jax.Array once placed (`Placement.rows`), and None where a call
+# reads no targets (the residual streams' rows, `Scorer._residual_streams`).
+RowArray = Any
+
+
 @dataclasses.dataclass
 class Rows:
   """The device arrays of one scoring call (a pytree).
@@ -156,12 +164,12 @@ class Rows:
   target_slots: [T, N] float one-hot: the slot whose continuation each target belongs to (a zero row for padding).
   """
 
-  tokens: np.ndarray
-  positions: np.ndarray
-  segments: np.ndarray
-  target_pos: np.ndarray
-  target_ids: np.ndarray
-  target_slots: np.ndarray
+  tokens: RowArray
+  positions: RowArray
+  segments: RowArray
+  target_pos: RowArray
+  target_ids: RowArray
+  target_slots: RowArray
 
 
 jax.tree_util.register_dataclass(
@@ -308,8 +316,9 @@ def layout(tokenized: TokenizedRequests, rows: list[list[int]], rows_per_chunk: 
                        sum(len(s) for s in inputs))
 
 
-def prefix_context(module, params, ablation: Ablation, prefix_tokens, start_layer=None, residuals=None,
-                   mask_starts=None, *, dtype) -> Context:
+def prefix_context(module: Any, params: Any, ablation: Ablation, prefix_tokens: jax.Array,
+                   start_layer: jax.Array | None = None, residuals: jax.Array | None = None,
+                   mask_starts: jax.Array | None = None, *, dtype: DTypeLike) -> Context:
   """Keys/values [L, Mb, P, K, Dh] of the shared prefix under each mask (the mask changes them too).
 
   With `start_layer` (int32 scalar), the layers below it are skipped: `residuals` [L, P, D] holds the unablated
@@ -322,6 +331,7 @@ def prefix_context(module, params, ablation: Ablation, prefix_tokens, start_laye
   tokens = jnp.broadcast_to(prefix_tokens[None, None], (masks, 1, prefix_len))
   start = None
   if start_layer is not None:
+    assert residuals is not None, "start_layer resumes from residuals"
     start = Resume(start_layer, residuals[start_layer][None, None], mask_starts,
                    None if mask_starts is None else residuals[:, None, None])
   out = module.apply({"params": params}, tokens, jnp.arange(prefix_len)[None, None], ablation=ablation, start=start,
@@ -331,7 +341,8 @@ def prefix_context(module, params, ablation: Ablation, prefix_tokens, start_laye
   return Context(k, v, jnp.ones((masks, 1, prefix_len), bool), jnp.arange(prefix_len)[None, None])
 
 
-def unablated_residuals(module, params, prefix_tokens, rows: Rows, *, dtype):
+def unablated_residuals(module: Any, params: Any, prefix_tokens: jax.Array | None, rows: Rows, *,
+                        dtype: DTypeLike) -> tuple[jax.Array | None, jax.Array]:
   """The unablated model's residual stream entering every layer: prefix [L, P, D] (None without a prefix) and the
   rows' tokens [L, Rb, S, D]. A batch of masks that ablates nothing below layer l resumes from them at l."""
   context = prefix_residuals = None
@@ -347,7 +358,8 @@ def unablated_residuals(module, params, prefix_tokens, rows: Rows, *, dtype):
   return prefix_residuals, out.residual[:, 0]
 
 
-def target_logprob(config, params, hidden, target_pos, target_ids, target_slots):
+def target_logprob(config: ModelConfig, params: Any, hidden: jax.Array, target_pos: jax.Array,
+                   target_ids: jax.Array, target_slots: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Summed log-probability of each slot's targets and whether every one is the argmax, both [M, N].
 
   hidden: [M, R, S, D]; target_pos: [M|1, T] flat positions into R * S; target_ids: [M|1, T];
@@ -371,8 +383,9 @@ def target_logprob(config, params, hidden, target_pos, target_ids, target_slots)
   return logprob, is_greedy
 
 
-def score_chunk(module, config, params, ablation: Ablation, context: Context | None, rows: Rows, start_layer=None,
-                residuals=None, mask_starts=None, *, dtype):
+def score_chunk(module: Any, config: ModelConfig, params: Any, ablation: Ablation, context: Context | None,
+                rows: Rows, start_layer: jax.Array | None = None, residuals: jax.Array | None = None,
+                mask_starts: jax.Array | None = None, *, dtype: DTypeLike) -> tuple[jax.Array, jax.Array]:
   """Summed continuation log-probability and greedy exactness of each slot, both [Mb, N].
 
   With `start_layer`, resumes there from `residuals` [L, Rb, S, D] (`unablated_residuals`; exact when no mask of
@@ -384,6 +397,7 @@ def score_chunk(module, config, params, ablation: Ablation, context: Context | N
   tokens = jnp.broadcast_to(rows.tokens[None], (masks,) + rows.tokens.shape)
   start = None
   if start_layer is not None:
+    assert residuals is not None, "start_layer resumes from residuals"
     start = Resume(start_layer, residuals[start_layer][None], mask_starts,
                    None if mask_starts is None else residuals[:, None])
   out = module.apply({"params": params}, tokens, rows.positions[None], ablation=ablation, context=context,

@@ -9,7 +9,7 @@ of masks that ablates nothing below layer l resumes at l from the unablated mode
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable, Hashable
 
 import jax.numpy as jnp
 from jax.sharding import Mesh
@@ -53,9 +53,9 @@ class ResidualCache:
 
   def __init__(self, capacity: int):
     self.capacity = capacity
-    self._kept: dict = {}  # key -> (value, bytes), least recently used first
+    self._kept: dict[Hashable, tuple[Any, int]] = {}  # key -> (value, bytes), least recently used first
 
-  def get(self, key):
+  def get(self, key: Hashable) -> Any:
     """The value kept for `key` (now the most recently used), or None."""
     if key not in self._kept:
       return None
@@ -68,7 +68,7 @@ class ResidualCache:
     while self._kept and sum(b for _, b in self._kept.values()) + size > self.capacity:
       self._kept.pop(next(iter(self._kept)))
 
-  def put(self, key, value, size: int) -> None:
+  def put(self, key: Hashable, value: Any, size: int) -> None:
     self._kept[key] = value, size
 
 
@@ -107,7 +107,7 @@ class Shared:
     default, which the setting does not govern."""
     return self.config.float32_matmuls if self.config.activation_dtype == "float32" else None
 
-  def jit(self, fn, **options) -> compilation.Jitted:
+  def jit(self, fn: Callable[..., Any], **options: Any) -> compilation.Jitted:
     """`jax.jit(fn, **options)`, its compiles charged to this engine (`stats.compile`) and its float32 matmuls at
     `matmul_precision`: set here, for every jitted function of the engine, because JAX's default on GPUs is TF32."""
     return compilation.Jitted(fn, self.stats.compile, matmul_precision=self.matmul_precision, **options)

@@ -1,5 +1,5 @@
 """Activation patching over every head in one compiled call against a PyTorch hook loop (one forward per head), on
-IOI-style prompt pairs; and many masks scored in one call against one call per mask.
+IOI-style prompt pairs; and many masks scored in one call against one call per mask, by default and with exact=True.
 
     python -m experiments.benchmark_patching --output_json=benchmark_patching.json
 

@@ -25,4 +25,5 @@ def test_patching_benchmark_agrees_with_the_hook_loop(tiny_model_dir, tokenizer)
   assert p["parity_max_abs_logit"] < 1e-3 and p["parity_max_abs_logit_difference"] < 1e-3
   assert np.isfinite(p["speedup"]) and p["clean_logit_difference"] != p["corrupted_logit_difference"]
   assert report["many_masks"]["max_abs_score_difference"] < 1e-3
+  assert report["many_masks"]["exact_scores_identical"] and report["many_masks"]["exact_masks"] == 3
   assert "PyTorch hook loop" in patching.format_report(report)
