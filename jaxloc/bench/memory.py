@@ -207,9 +207,9 @@ def generation_plan(config: ModelConfig, shape: GenerationShape, dtype, memory_b
 
 def generation_spans(cache: int) -> tuple[int, ...]:
   """The spans a decode call of a `cache`-wide job is compiled at: the whole cache, and the largest span below it
-  (each layer's attention reads that much of its cache, `generation.decode`)."""
-  below = batching.bucket_coarse_below(cache)
-  return (cache, below) if below > CHUNK_STEPS else (cache,)
+  that the generator reads (`generation.decode_span`)."""
+  below = batching.bucket_coarse_below(cache // 3 + 1)
+  return (cache, below) if below > CHUNK_STEPS and generation.decode_span(below, cache) == below else (cache,)
 
 
 def _nbytes(tree) -> int:

@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
+from jaxloc.engine import batching
 from jaxloc.models.config import ModelConfig
-from jaxloc.models.decoder import Ablation, OutputSpec, Resume, lm_logits
+from jaxloc.models.decoder import Ablation, OutputSpec, Resume, layer_params, lm_logits
 from jaxloc.models.layers import Context
 
 Array = jax.Array
@@ -36,7 +37,9 @@ class Slots:
 
   ablation: the mask slots' masks (head_mask [Ms, L, H], neuron_mask [Ms, L, F], 1 keep) with their fills.
   prefix_len: int32 scalar, the real tokens of the P-wide prefix; prefix_k, prefix_v: [L, Ms, P, K, Dh].
-  cache_k, cache_v: [L, Ms, Rs, C, K, Dh], each row's own keys/values; length [Ms, Rs]: how many are filled.
+  cache_k, cache_v: each row's own keys/values, per layer (L arrays, apart, so that a decode step reads each layer's
+  where it lies: `Transformer.unrolled`), keys [Ms, Rs, K, C, Dh] and values [Ms, Rs, K, Dh, C] (the layouts its
+  matmuls read); length [Ms, Rs]: how many are filled.
   current [Ms, Rs]: the token a row feeds next (emitted by the step that feeds it); tokens [Ms, Rs, T]: emitted so
   far, `count` [Ms, Rs] of them; done [Ms, Rs]: the row emits nothing more; automaton [Ms, Rs]: its stop-string state.
   """
@@ -45,8 +48,8 @@ class Slots:
   prefix_len: Array
   prefix_k: Array
   prefix_v: Array
-  cache_k: Array
-  cache_v: Array
+  cache_k: tuple[Array, ...]
+  cache_v: tuple[Array, ...]
   length: Array
   current: Array
   tokens: Array
@@ -66,13 +69,14 @@ def slot_shapes(config: ModelConfig, dtype: DTypeLike, *, slots: int, rows: int,
   c = config
   shape: Callable[..., Any] = jax.ShapeDtypeStruct  # shapes stand in for the arrays of a `Slots` (a pytree)
   kv = shape((c.num_layers, slots, prefix, c.num_kv_heads, c.head_dim), dtype)
-  own = shape((c.num_layers, slots, rows, cache, c.num_kv_heads, c.head_dim), dtype)
+  own_k = tuple(shape((slots, rows, c.num_kv_heads, cache, c.head_dim), dtype) for _ in range(c.num_layers))
+  own_v = tuple(shape((slots, rows, c.num_kv_heads, c.head_dim, cache), dtype) for _ in range(c.num_layers))
   per_row = lambda d: shape((slots, rows), d)  # noqa: E731
   ablation = Ablation(shape((slots, c.num_layers, c.num_heads), dtype) if heads else None,
                       shape((c.num_layers, c.num_heads, c.head_dim), dtype) if heads and head_fill else None,
                       shape((slots, c.num_layers, c.intermediate_size), dtype) if neurons else None,
                       shape((c.num_layers, c.intermediate_size), dtype) if neurons and neuron_fill else None)
-  return Slots(ablation, shape((), jnp.int32), kv, kv, own, own, per_row(jnp.int32), per_row(jnp.int32),
+  return Slots(ablation, shape((), jnp.int32), kv, kv, own_k, own_v, per_row(jnp.int32), per_row(jnp.int32),
                shape((slots, rows, new), jnp.int32), per_row(jnp.int32), per_row(bool), per_row(jnp.int32))
 
 
@@ -157,11 +161,22 @@ def insert_rows(module: Any, config: ModelConfig, params: Any, state: Slots, row
   mi = jnp.arange(slots)[:, None]
   at = lambda a: a.at[mi, row]  # noqa: E731  [Ms, Ri] entries of a [Ms, Rs, ...] array
   return dataclasses.replace(
-      state, cache_k=state.cache_k.at[:, mi, row, :width].set(out.k, mode="drop"),
-      cache_v=state.cache_v.at[:, mi, row, :width].set(out.v, mode="drop"),
+      state, cache_k=tuple(c.at[mi, row, :, :width].set(jnp.swapaxes(k, 2, 3), mode="drop")  # [Ms, Ri, K, S, Dh]
+                           for c, k in zip(state.cache_k, out.k)),
+      cache_v=tuple(c.at[mi, row, :, :, :width].set(jnp.moveaxis(v, 2, 4), mode="drop")  # [Ms, Ri, K, Dh, S]
+                    for c, v in zip(state.cache_v, out.v)),
       length=at(state.length).set(lengths, mode="drop"), current=at(state.current).set(first, mode="drop"),
       tokens=at(state.tokens).set(pad_id, mode="drop"), count=at(state.count).set(0, mode="drop"),
       done=at(state.done).set(False, mode="drop"), automaton=at(state.automaton).set(0, mode="drop"))
+
+
+def decode_span(needed: int, cache: int) -> int:
+  """The span a decode chunk reads of each row's `cache`-wide cache when its live rows need `needed` entries: the
+  whole cache, unless a size of `batching.bucket_coarse`'s ladder at most a third of the cache covers them. A span
+  below the cache is a slice, which XLA copies before the attention's matmuls (every layer's at once): a sliced read
+  moves three times the span, a whole read the cache once."""
+  span = batching.bucket_coarse(needed)
+  return span if 3 * span <= cache else cache
 
 
 def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids: Array, stop_next: Array,
@@ -178,7 +193,9 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
   context = prefix_context(state)
   positions = (state.prefix_len + jnp.arange(span))[None, None]
 
-  Carry = tuple[Array, Array, Array, Slots]
+  # Each layer's weights sliced once per call, outside the loop (`Transformer.unrolled` reads them where they lie).
+  unrolled = dict(params, layers=layer_params(params["layers"], config.num_layers))
+  Carry = tuple[Array, tuple[Array, ...], tuple[Array, ...], Slots]
 
   def cond(carry: Carry) -> Array:
     return (carry[0] < steps) & ~carry[-1].done.all()
@@ -192,12 +209,16 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
             | (count >= budget))
     automaton = stop_next[s.current, s.automaton]
     # `valid` is `span` wide: each layer's attention reads the first `span` entries of its cache (`layers.Attention`).
-    cache = Context(k, v, jnp.arange(span)[None, None] < s.length[..., None], positions)
-    out = module.apply({"params": params}, s.current[..., None], (s.prefix_len + s.length)[..., None],
+    valid = jnp.arange(span)[None, None] < s.length[..., None]
+    cache = tuple(Context(lk, lv, valid, positions) for lk, lv in zip(k, v))
+    out = module.apply({"params": unrolled}, s.current[..., None], (s.prefix_len + s.length)[..., None],
                        ablation=s.ablation, context=context, cache=cache, outputs=OutputSpec(kv=True), dtype=dtype)
-    k = k.at[:, mi, ri, s.length].set(out.k[:, :, :, 0], mode="drop")
-    v = v.at[:, mi, ri, s.length].set(out.v[:, :, :, 0], mode="drop")
-    following = jnp.argmax(lm_logits(config, params, out.hidden[:, :, 0]), axis=-1).astype(jnp.int32)
+    # The new keys/values are written once the step has read every cache: so the writes are in place (without this
+    # order XLA copies each layer's whole cache before writing it, as nothing orders the reads first).
+    hidden, new_k, new_v = jax.lax.optimization_barrier((out.hidden, out.k, out.v))
+    k = tuple(lk.at[mi, ri, :, s.length].set(new[:, :, 0], mode="drop") for lk, new in zip(k, new_k))
+    v = tuple(lv.at[mi, ri, :, :, s.length].set(new[:, :, 0], mode="drop") for lv, new in zip(v, new_v))
+    following = jnp.argmax(lm_logits(config, params, hidden[:, :, 0]), axis=-1).astype(jnp.int32)
     s = dataclasses.replace(s, length=s.length + ~done, current=jnp.where(done, s.current, following),
                             tokens=tokens, count=count, done=done, automaton=automaton)
     return step + 1, k, v, s

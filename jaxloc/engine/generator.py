@@ -6,7 +6,7 @@ per mask and kept once per mask slot; each row keeps only its own suffix and new
 `CHUNK_STEPS` steps; between chunks the host takes the tokens of rows that ended (EOS, a stop string, the token
 budget), fills their row slots with the mask's pending prompts, and when a mask has none left and its rows have all
 ended, loads the next mask into the slot: a call stays full until the work runs out. A chunk reads each row's cache
-up to a bucketed span of the longest live row, not the whole window.
+up to a bucketed span of the longest live row where that span is short (`generation.decode_span`).
 
 How many slots fit comes from the planner's estimate (`Planner.generation_slots`); where that estimate comes near the
 memory budget, the decode call is compiled ahead of time and XLA's own `memory_analysis()` decides (the executable is
@@ -125,7 +125,8 @@ class Generator:
                           None if ablation.head_fill is None else replicated,
                           None if ablation.neuron_mask is None else along(0),
                           None if ablation.neuron_fill is None else replicated),
-        prefix_len=replicated, prefix_k=along(1), prefix_v=along(1), cache_k=along(1), cache_v=along(1),
+        prefix_len=replicated, prefix_k=along(1), prefix_v=along(1),
+        cache_k=tuple(along(0) for _ in state_like.cache_k), cache_v=tuple(along(0) for _ in state_like.cache_v),
         length=along(0), current=along(0), tokens=along(0), count=along(0), done=along(0), automaton=along(0))
 
   def _abstract(self, job: Job, masks: Masks, fill: Fills) -> generation.Slots:
@@ -242,7 +243,7 @@ class Generator:
       state = self._insert(state, suffixes, suffix_width, pending, live, doc_of, length)
       if not live.any():
         break
-      span = min(job.cache, batching.bucket_coarse(int(length[live].max()) + CHUNK_STEPS))  # the planner's ladder
+      span = generation.decode_span(int(length[live].max()) + CHUNK_STEPS, job.cache)
       args = self._decode_args(state, tables, eos_ids)[:-1] + (budget,)
       state = self._decode_fn.executable(*args, steps=CHUNK_STEPS, span=span)(*args)
       shared.stats.calls += 1

@@ -94,6 +94,14 @@ def resolve(config: EngineConfig, model_dtype: DTypeLike) -> EngineConfig:
                              residual_cache_gb=cache / GIB, activation_dtype=dtype)
 
 
+def layer_weight_bytes(config: ModelConfig, dtype_bytes: int) -> int:
+  """One decoder layer's matmul weights (attention's q, k, v, o and the MLP's three)."""
+  c = config
+  kv_dims = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+  return (3 * c.hidden_size * c.intermediate_size + c.hidden_size * kv_dims
+          + c.num_heads * c.head_dim * c.hidden_size) * dtype_bytes
+
+
 def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, context: int, targets: int,
                      dtype_bytes: int) -> int:
   """Peak bytes beyond the parameters of one scoring step (the prefix call, then the scoring call).
@@ -118,8 +126,7 @@ def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, c
   """
   c = config
   kv_dims = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-  weights = (3 * c.hidden_size * c.intermediate_size + c.hidden_size * kv_dims
-             + c.num_heads * c.head_dim * c.hidden_size) * dtype_bytes
+  weights = layer_weight_bytes(c, dtype_bytes)
   prefix_kv = 3 * c.num_layers * masks * context * c.num_kv_heads * c.head_dim * dtype_bytes  # 1.5 x (k and v)
 
   intermediate_rows = 3 if c.post_norm else 2
@@ -270,18 +277,28 @@ class Planner:
     """What a generation job holds beyond the parameters, term by term. Across the job: the mask slots' prefix
     keys/values, every row's own cache (suffix and new tokens), the unablated prefix (residual streams, keys and
     values of every layer: masks resume above their first ablated layer from it), the stop-string automaton's tables
-    ([vocab, stop_states], int32 and bool). Within a call, the larger of: a decode chunk (one layer's
-    caches laid out for the attention matmuls, one token per row attending to the prefix and its cache: three float32
-    copies of the scores) and a prefill of `insert_rows` rows per mask slot (as a scoring call,
-    plus the inserted rows' keys/values of every layer before they go into the cache).
+    ([vocab, stop_states], int32 and bool). Within a call, the larger of: a decode chunk (every layer's weights,
+    sliced once per call for the unrolled layers, `generation.decode`; one layer's caches copied, every layer's cache
+    sliced to a short span; one token per row
+    attending to the prefix and its cache: three float32 copies of the scores) and a prefill of `insert_rows` rows
+    per mask slot (as a scoring call, plus the inserted rows' keys/values of every layer before they go into the
+    cache).
 
     The terms follow XLA's `memory_analysis()` of the compiled calls (`experiments.benchmark_memory
     --parts=generation`, every preset): never under."""
     c = self.model
     kv = 2 * c.num_kv_heads * c.head_dim * self.dtype_bytes  # one token's keys and values in one layer
     cache = suffix + new
-    decode = (self.activation_bytes(slots, rows, 1, 0, 1) + 3 * 4 * slots * rows * c.num_heads * (prefix + cache)
-              + slots * rows * cache * kv)
+    # Every layer's weights sliced for the call (live through the logits too, which `activation_bytes` counts instead
+    # of its one layer's slice), and the output projection of every layer once more: XLA lays it out again for its
+    # matmul, outside the loop.
+    weights = (c.num_layers * layer_weight_bytes(c, self.dtype_bytes)
+               + c.num_layers * c.num_heads * c.head_dim * c.hidden_size * self.dtype_bytes)
+    # A chunk reading a span below the cache holds every layer's cache sliced to it: at most a third of the caches
+    # (`generation.decode_span`).
+    spans = c.num_layers * slots * rows * (cache // 3) * kv
+    decode = (self.activation_bytes(slots, rows, 1, 0, 1) + weights + spans
+              + 3 * 4 * slots * rows * c.num_heads * (prefix + cache) + slots * rows * cache * kv)
     inserted = self.insert_rows(slots, rows, suffix)
     # The scoring formula's prefill, less its prefix keys/values (held above), 5% over: OLMo-2's insert (q/k norms over
     # the whole projection) holds 0.1% more than the formula; plus the inserted rows' stacked keys/values.

@@ -21,7 +21,8 @@ are `LayerInputs` fields filled from the config, not modes.
 Axes are those of `layers.py`, plus `layers` L (the scanned decoder layers), `vocab` V and `ropes` T (rotary tables:
 2 when sliding layers rotate with their own base, else 1).
 Tokens are [M, R, S]: every mask has its own batch of requests, which may share context keys/values
-[L, M, C, K, Dh] (a prefix computed once per mask) and may each have their own, a decoding cache [L, M, R, C', K, Dh].
+[L, M, C, K, Dh] (a prefix computed once per mask) and may each have their own, a decoding cache (per layer, keys
+[M, R, K, C', Dh] and values [M, R, K, Dh, C']: the layouts the decode step's matmuls read without a copy).
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ class LayerInputs:
 
   index: int [L], the layer's number. head_mask: [L, M, K, G]; head_fill: [L, K, G, Dh] or [L, R, S, K, G, Dh];
   neuron_mask: [L, M, F]; neuron_fill: [L, F] or [L, R, S, F] (`Ablation`, laid out per layer). context_k, context_v: [L, M, C, K, Dh] (`Context` shared by a
-  mask's requests); cache_k, cache_v: [L, M, R, C', K, Dh] (each request's own `Context`).
+  mask's requests); cache_k [M, R, K, C', Dh], cache_v [M, R, K, Dh, C']: this layer's decoding cache (each request's
+  own `Context`), set per layer by `Transformer.unrolled`, never stacked.
   window: int [L], how far back each layer's queries see (`ModelConfig.layer_windows`; None when no layer slides).
   rope: int [L], each layer's rotary table in `SharedInputs.cos`/`sin` (None when every layer uses the first).
   """
@@ -160,8 +162,7 @@ class LayerInputs:
   rope: Array | None = None
 
   @classmethod
-  def build(cls, config: ModelConfig, ablation: Ablation, context: Context | None, cache: Context | None,
-            num_masks: int) -> "LayerInputs":
+  def build(cls, config: ModelConfig, ablation: Ablation, context: Context | None, num_masks: int) -> "LayerInputs":
     c = config
     inputs = cls(jnp.arange(c.num_layers))
     if ablation.head_mask is not None:
@@ -175,8 +176,6 @@ class LayerInputs:
       inputs.neuron_fill = ablation.neuron_fill
     if context is not None:
       inputs.context_k, inputs.context_v = context.k, context.v
-    if cache is not None:
-      inputs.cache_k, inputs.cache_v = cache.k, cache.v
     if c.has_sliding_layers:
       inputs.window = jnp.asarray(c.layer_windows(), jnp.int32)
     if len(c.ropes()) > 1:
@@ -334,14 +333,16 @@ class Transformer(nn.Module):
   @nn.compact
   def __call__(self, tokens: Array, positions: Array, *, ablation: Ablation | None = None,
                context: Context | None = None, segments: Array | None = None, start: Resume | None = None,
-               outputs: OutputSpec = OutputSpec(), dtype: Any = None, cache: Context | None = None) -> ModelOutput:
+               outputs: OutputSpec = OutputSpec(), dtype: Any = None,
+               cache: tuple[Context, ...] | None = None) -> ModelOutput:
     """Runs the decoder.
 
     tokens: int [M, R, S]. positions: int [M|1, R|1, S], absolute positions (after any context).
     ablation: head and/or neuron masks with their fill values (`Ablation`), or None for the unablated model.
     context: keys/values [L, M, C, K, Dh] visible to every request, with `valid` [M, R|1, C].
-    cache: keys/values [L, M, R, C', K, Dh], each request's own (a decoding cache), with `valid` [M, R, C']; a token
-      attends to the context, then its cache, then the tokens of this call.
+    cache: each request's own keys/values (a decoding cache), one `Context` per layer (keys [M, R, K, C', Dh], values
+      [M, R, K, Dh, C'], every layer with the same `valid` [M, R, C'] and positions); a token attends to the context,
+      then its cache, then the tokens of this call. With a cache the layers run unrolled (`unrolled`).
     segments: int [M|1, R|1, S]: a token attends to earlier tokens of its own segment only (several requests packed
       in one row); -1 marks padding, which no real token sees. None: one segment per row (right padding needs
       nothing more: causal attention already hides it from real tokens).
@@ -368,18 +369,49 @@ class Transformer(nn.Module):
     ablation = ablation or Ablation()
     if outputs.unit_sums and segments is None:
       segments = jnp.zeros(tokens.shape, jnp.int32)
-    layer = LayerInputs.build(cfg, ablation, context, cache, tokens.shape[0])
+    layer = LayerInputs.build(cfg, ablation, context, tokens.shape[0])
+    visible = None if cache is None else cache[0]  # every layer's cache has the same valid entries and positions
     shared = SharedInputs(cos, sin, positions, segments, ablation.neuron_where,
                           None if context is None else context.valid, None if context is None else context.positions,
-                          None if cache is None else cache.valid, None if cache is None else cache.positions,
+                          None if visible is None else visible.valid, None if visible is None else visible.positions,
                           None if start is None else start.layer, None if start is None else start.starts,
                           None if start is None else start.residuals)
-    layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-                     in_axes=(0, nn.broadcast), length=cfg.num_layers)(cfg, self.param_dtype, outputs, name="layers")
-    x, stacked = layers(x, layer, shared)
+    if cache is not None:
+      x, stacked = self.unrolled(x, layer, shared, cache, outputs)
+    else:
+      layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+                       in_axes=(0, nn.broadcast), length=cfg.num_layers)(cfg, self.param_dtype, outputs, name="layers")
+      x, stacked = layers(x, layer, shared)
     hidden = norm(cfg, self.param_dtype, "final_norm")(x)
     return ModelOutput(hidden, stacked.k, stacked.v, stacked.head_sums, stacked.neuron_sums, stacked.residual,
                        stacked.heads, stacked.neurons, stacked.attention)
+
+  def unrolled(self, x: Array, layer: LayerInputs, shared: SharedInputs, caches: tuple[Context, ...],
+               outputs: OutputSpec) -> tuple[Array, LayerOutputs]:
+    """The layers one after another (not scanned), layer l with its own cache `caches[l]` and its own slice of the
+    stacked parameters: a decode step reads each layer's weights and cache where they lie, where the scan copies
+    every layer's slice of them first (XLA materializes a dynamic slice that feeds a matmul). Only in `apply`."""
+    cfg = self.config
+    if len(caches) != cfg.num_layers:
+      raise ValueError(f"{len(caches)} per-layer caches for {cfg.num_layers} layers")
+    params = self.variables["params"]["layers"]
+    if not isinstance(params, tuple):  # stacked [L, ...]: sliced here (`layer_params` slices once, outside a loop)
+      params = layer_params(params, cfg.num_layers)
+    step = DecoderLayer(cfg, self.param_dtype, outputs, parent=None)
+    collected = []
+    for index, cache in enumerate(caches):
+      own = jax.tree.map(lambda a: a[index], layer)  # noqa: B023  (used at once)
+      own = dataclasses.replace(own, cache_k=cache.k, cache_v=cache.v)
+      x, out = step.apply({"params": params[index]}, x, own, shared)
+      collected.append(out)
+    return x, jax.tree.map(lambda *parts: jnp.stack(parts), *collected)
+
+
+def layer_params(stacked: Any, num_layers: int) -> tuple[Any, ...]:
+  """The decoder layers' parameters [L, ...] (`params["layers"]`) as L trees, one per layer. Given as
+  `params["layers"]` with per-layer caches (`Transformer.unrolled`), they are sliced where this runs: before a decode
+  loop, once per call, instead of in every step."""
+  return tuple(jax.tree.map(lambda a: a[index], stacked) for index in range(num_layers))  # noqa: B023
 
 
 def lm_logits(config: ModelConfig, params, hidden: Array) -> Array:

@@ -115,8 +115,9 @@ class Context:
   """Keys/values computed earlier: visible to every request of a mask (a shared prefix), or each request's own (a
   decoding cache).
 
-  k, v: [M, C, K, Dh] shared by a mask's requests, or [M, R, C, K, Dh] one block per request, for one layer (with a
-    leading L when held for all layers).
+  k, v: [M, C, K, Dh] shared by a mask's requests, for one layer (with a leading L when held for all layers); or one
+    block per request, for one layer, in the layouts a decode step's matmuls read without a copy: k [M, R, K, C, Dh],
+    v [M, R, K, Dh, C].
   valid: bool [M, R|1, C'], which context positions each request may attend to; C' < C reads only the first C'
     (a decoding cache allocated for the longest row, read up to the longest live one).
   positions: int [M|1, R|1, C], each context key's absolute position (a sliding-window layer's query at position p
@@ -149,7 +150,7 @@ class Attention(nn.Module):
     """x: [M, R, S, D]; head_mask: [M, K, G] (1 keep, 0 ablate); head_fill: [K, G, Dh], or [R, S, K, G, Dh] a value
     per request and position (activation patching: another run's head outputs), or None (zero ablation);
     context: keys/values shared by each mask's requests (k [M, C, K, Dh]); cache: each request's own (k
-    [M, R, C', K, Dh]). A query attends to the context, then the cache, then the tokens of this call: one softmax
+    [M, R, K, C', Dh], v [M, R, K, Dh, C']: `Context`). A query attends to the context, then the cache, then the tokens of this call: one softmax
     over the three blocks of scores, so that a mask's prefix is read once for all its requests;
     segments: int [M|1, R|1, S] or None (`Transformer`: a token sees earlier tokens of its own segment only);
     window: int32 scalar or None: a query at position p sees keys at positions > p - window (`positions`
@@ -197,16 +198,20 @@ class Attention(nn.Module):
     for earlier in (context, cache):
       if earlier is None:
         continue
-      keys = "mckh" if earlier.k.ndim == 4 else "mrckh"  # shared by a mask's requests, or each request's own
-      width = earlier.valid.shape[-1]  # sliced here, per layer: the slice joins the layer's copy into the matmul layout
-      earlier_k, earlier_v = earlier.k[..., :width, :, :], earlier.v[..., :width, :, :]
+      width = earlier.valid.shape[-1]  # a cache is read up to `width`
+      if earlier.k.ndim == 4:  # shared by a mask's requests
+        keys = values = "mckh"
+        earlier_k, earlier_v = earlier.k[:, :width], earlier.v[:, :width]
+      else:  # each request's own
+        keys, values = "mrkch", "mrkhc"
+        earlier_k, earlier_v = earlier.k[:, :, :, :width], earlier.v[..., :width]
       block = jnp.einsum(f"mrskgh,{keys}->mrkgsc", q, earlier_k.astype(dtype),
                          preferred_element_type=jnp.float32) * scale
       seen = earlier.valid[:, :, None, :]  # [M, R|1, 1, C]
       if window is not None:
         seen = seen & (earlier.positions[:, :, None, :] > positions[..., :, None] - window)
       block = jnp.where(seen[:, :, None, None], _soft_cap(block, cfg.attn_softcap), _MASKED_SCORE)
-      blocks.append((block, earlier_v.astype(dtype), f"mrkgsc,{keys}->mrskgh"))
+      blocks.append((block, earlier_v.astype(dtype), f"mrkgsc,{values}->mrskgh"))
     blocks.append((scores, v, "mrkgst,mrtkh->mrskgh"))
     probs = jax.nn.softmax(jnp.concatenate([b[0] for b in blocks], axis=-1), axis=-1).astype(dtype)
     out, begin = None, 0
