@@ -24,7 +24,7 @@ from jaxloc.heads import parse_units, units_per_layer
 from jaxloc.localize import confirm, designs, measurements, methods
 from jaxloc.localize.methods.base import SCORED_GENERAL_TASKS, SCORED_TARGET
 from jaxloc.localize.settings import LocalizeSettings
-from jaxloc.tasks.evaluation import load_task_split
+from jaxloc.tasks.evaluation import load_more_docs, load_task_split
 from jaxloc.tasks.names import task_label
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,8 @@ class TaskDocs:
   docs: list
   held_out: list
   metric: str
+  # More documents, disjoint from both, that a general task's confirmation decisions may add (--general_max_samples).
+  reserve: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -79,7 +81,11 @@ def load_tasks(settings: LocalizeSettings) -> Tasks:
         raise UserError(f"--method={settings.method} needs every general task scored (loglikelihood); general task "
                         f"{name} is a generation task: leave it out of --general_tasks or use "
                         f"{_methods_without(SCORED_GENERAL_TASKS, settings.unit)}")
-      general.append(TaskDocs(name, g_task, g_docs, g_held, g_task.default_metric))
+      reserve = []
+      if settings.selection == "specific":
+        reserve = load_more_docs(g_task, g_docs + g_held, settings.general_max_samples - settings.general_samples,
+                                 seed=settings.seed, data_dir=settings.data_dir)
+      general.append(TaskDocs(name, g_task, g_docs, g_held, g_task.default_metric, reserve))
   return Tasks(TaskDocs(settings.task, task, docs, held, metric), general)
 
 

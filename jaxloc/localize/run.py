@@ -32,7 +32,7 @@ from tqdm import tqdm
 from jaxloc import files
 from jaxloc.engine import peak
 from jaxloc.heads import parse_units, run_file, singular, unit_name, units_per_layer
-from jaxloc.localize import aliasing, confidence, confirm, designs, examples, methods, specificity, validate
+from jaxloc.localize import aliasing, confidence, confirm, decisions, designs, examples, methods, specificity, validate
 from jaxloc.localize.measurements import MeasurementStore
 from jaxloc.localize.preflight import Tasks, check_layout, engine_scoring_settings, load_tasks, store_specs
 from jaxloc.localize.settings import LocalizeSettings
@@ -158,6 +158,14 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
   log.info("%s baseline %s = %.4f (%d samples)%s", settings.task, measuring[0].store.metric,
            measuring[0].store.baseline, len(tasks.target.docs),
            f"; resuming after {resumed} saved masks" if resumed else "")
+  metrics = [m.store.metric for m in measuring]
+  # The confirmation's decisions score the identification documents, and more of a general task's (its reserve) where
+  # its power or a straddling interval asks (`decisions`).
+  in_sample = validate.Scorer(identification, metrics, reserves=[t.reserve for t in tasks.all])
+  powers = confirm.powers(settings, in_sample, [m.store for m in measuring])
+  for power in powers:
+    if power is not None:
+      log.info("power to veto: %s", decisions.describe_power(task_label(power.task), power.facts()))
   timing["setup_seconds"] = time.perf_counter() - start
 
   def gradient() -> np.ndarray:
@@ -202,14 +210,12 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
   # Universal heads and single-head checks are measured on documents the design never saw (held out; the
   # identification documents when not validating).
   t = time.perf_counter()
-  metrics = [m.store.metric for m in measuring]
   # The bars' totals (ETAs): estimates, raised when exceeded. In-sample with validation: the confirmation (the top-k
   # together, a few units alone: most were measured by the method) and the top-k's curve.
   held_out = validate.planned_masks(settings.top_k, settings.curve_k, settings.universal_candidates,
                                     settings.selection != "raw")
-  in_sample = validate.Scorer(identification, metrics,
-                              expected=3 * settings.top_k + 2 if settings.validate else held_out,
-                              progress="scoring on identification documents" if progress else None)
+  in_sample.expected = 3 * settings.top_k + 2 if settings.validate else held_out
+  in_sample.progress = "scoring on identification documents" if progress else None
   confirming = in_sample
   if settings.validate:
     confirming = validate.Scorer([e.on(td.held_out) for e, td in zip(identification, tasks.all)], metrics,
@@ -231,6 +237,9 @@ def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress:
   machine.update(peak.machine_facts(engine.dtype, at="end"))
 
   payload = _heads_json(settings, per_layer, found, excluded, conf, measuring, confirming)
+  for power in powers:
+    if power is not None:
+      payload["general_tasks"][task_label(power.task)]["power"] = power.facts()
   payload.update(num_layers=c.num_layers, timing=timing, machine=machine, model_provenance=provenance,
                  design=None if design is None else design.facts(lambda h: unit_name(*divmod(int(h), per_layer), unit)),
                  engine={"compilations": engine.compile_count - compiled_before,
@@ -290,8 +299,9 @@ def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring
   if found.confirmation is not None:
     c = found.confirmation
     log.info("confirmation: %d masks on every task's identification documents, %d of them the first %d %s together "
-             "(%d measurements of the method reused), %d rejected alone, %d together", c.masks, len(c.measured_sets),
-             c.together, settings.unit, len(c.reused), len(c.rejected), len(c.rejected_together))
+             "(%d measurements of the method reused), %d rejected alone, %d together; %d more general-task documents "
+             "scored where power or a straddling interval asked", c.masks, len(c.measured_sets), c.together,
+             settings.unit, len(c.reused), len(c.rejected), len(c.rejected_together), c.extra_documents())
   return found
 
 

@@ -77,6 +77,24 @@ class LocalizeSettings:
                            "the target ranking as is. Universal heads are left out of both.", choices=("specific", "raw"))
   specific_max_general_drop: float = setting(0.1, "--selection=specific: the largest relative drop on "
                                              "any general task a selected head may have.", lower=0.0, upper=1.0)
+  specific_rule: str = setting("interval", "--selection=specific: how a confirmation decision reads each general "
+                               "drop's interval (paired bootstrap over documents, at --specific_confidence). interval: "
+                               "above the threshold vetoes, at or below passes, straddling gets more documents of that "
+                               "task (up to --general_max_samples), where the point estimate decides; upper_bound: the "
+                               "same, but still straddling at the cap vetoes; point: the point estimate decides, no "
+                               "documents added (jaxloc/localize/decisions.py).", choices=("interval", "upper_bound",
+                                                                                           "point"))
+  specific_confidence: float = setting(0.95, "--selection=specific: the level of each confirmation drop's interval "
+                                       "(central, paired bootstrap over documents).", lower=0.5, upper=0.999)
+  general_max_samples: int = setting(800, "At most this many documents per general task in one confirmation decision: "
+                                     "its identification documents (--general_samples), then more of the task's, "
+                                     "disjoint from the held-out ones, where its power or a straddling interval asks. "
+                                     "At least --general_samples.", lower=1)
+  veto_alpha: float = setting(0.05, "Power of a general task to veto, printed at the start: the one-sided binomial "
+                              "test's level.", lower=1e-6, upper=0.5)
+  veto_power: float = setting(0.8, "Power of a general task to veto: a task whose documents (up to "
+                              "--general_max_samples) cannot detect a --specific_max_general_drop drop with this "
+                              "probability is unable to veto.", lower=0.5, upper=0.999)
   universal_threshold: float = setting(0.3, "A head is universal when ablating it alone drops at least "
                                        "--universal_min_tasks tasks (target included) by at least this (relative), "
                                        "estimated from the design and confirmed on held-out documents.",
@@ -152,6 +170,10 @@ class LocalizeSettings:
     """The run-wide settings' rule (`jaxloc.config.problem`), the method's settings' rule, then the method's own
     checks."""
     check_fields(self)
+    if self.general_max_samples < self.general_samples:
+      raise UserError(f"--general_max_samples={self.general_max_samples} is below --general_samples="
+                      f"{self.general_samples}: a confirmation decision uses at least the identification documents; "
+                      f"raise it to {self.general_samples} or more")
     method = self.method_object
     if not isinstance(self.method_settings, method.settings_class):
       raise TypeError(f"method_settings is a {type(self.method_settings).__name__}, not {method.name}'s "

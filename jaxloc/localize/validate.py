@@ -8,7 +8,8 @@ An `eval_sets` list holds the target first, then the general tasks; each is meas
 
 Every relative drop of an ablation curve comes with a 95% interval from a paired bootstrap over the documents
 (the same resampled documents scored unablated and ablated; `INTERVAL_RESAMPLES`, no model evaluations):
-100 documents of a task the model gets half right move a relative drop by several percent.
+100 documents of a task the model gets half right move a relative drop by several percent. The confirmed selection's
+decisions (`decisions`) use the same bootstrap (`paired_drops`).
 """
 
 from __future__ import annotations
@@ -72,13 +73,20 @@ class Scorer:
   two curves share are measured one time however many reports use them."""
 
   def __init__(self, eval_sets: Sequence[Evaluator], metrics: Sequence[str], progress: str | None = None,
-               expected: int | None = None):
+               expected: int | None = None, reserves: Sequence[Sequence[Any]] | None = None):
     """`progress`: a description, to show a progress bar of the masks scored (per task), or None; `expected`: how many
-    distinct masks the caller plans to score (`planned_masks`), the bar's total and ETA (raised if exceeded)."""
+    distinct masks the caller plans to score (`planned_masks`), the bar's total and ETA (raised if exceeded);
+    `reserves`: per eval set, more documents of its task (disjoint from every other split) that `per_doc` may score
+    after the set's own when asked for more (`available`)."""
     self.eval_sets, self.metrics = list(eval_sets), list(metrics)
     self.expected = expected
-    self._cache: list[dict[bytes, np.ndarray]] = [{} for _ in self.eval_sets]  # mask bytes -> float [docs]
-    self._progress = progress
+    self.reserves = [list(r) for r in reserves] if reserves is not None else [[] for _ in self.eval_sets]
+    if len(self.reserves) != len(self.eval_sets):
+      raise ValueError(f"{len(self.reserves)} reserves for {len(self.eval_sets)} eval sets")
+    # mask bytes -> float [documents scored so far]: the set's own documents, then its reserve's first ones
+    self._cache: list[dict[bytes, np.ndarray]] = [{} for _ in self.eval_sets]
+    self._extra: dict[tuple[int, int, int], Evaluator] = {}  # (set, first, end) -> the set on reserve[first:end]
+    self.progress = progress
     self._bar: tqdm | None = None
     first = self.eval_sets[0]
     self.unit = first.unit
@@ -91,27 +99,66 @@ class Scorer:
   def name(self, flat: int) -> str:
     return unit_name(*divmod(int(flat), self.units_per_layer), self.unit)
 
-  def per_doc(self, keep: np.ndarray) -> list[np.ndarray]:
-    """Per eval set, float [masks, docs] of its metric under each keep-mask [masks, L, U]."""
+  def available(self, task: int) -> int:
+    """How many documents of eval set `task` `per_doc` can score: its own and its reserve."""
+    return len(self.eval_sets[task].docs) + len(self.reserves[task])
+
+  def remember(self, keep: np.ndarray, values: Sequence[np.ndarray]) -> None:
+    """Per-document values already measured under one keep-mask [L, U] (per eval set, on its first documents; a
+    method's own measurements), so that scoring it on more documents scores only the new ones."""
+    key = np.asarray(keep, np.float32).tobytes()
+    for cache, v in zip(self._cache, values):
+      if v is not None and len(v) > len(cache.get(key, ())):
+        cache[key] = np.asarray(v, np.float64)
+
+  def per_doc(self, keep: np.ndarray, docs: Sequence[int] | None = None) -> list[np.ndarray]:
+    """Per eval set, float [masks, docs] of its metric under each keep-mask [masks, L, U]; `docs[t]`: how many
+    documents of set t (its own first, then its reserve's; default its own)."""
     keep = np.asarray(keep, np.float32)
     keys = [row.tobytes() for row in keep]
-    for eval_set, metric, cache in zip(self.eval_sets, self.metrics, self._cache):
-      first: dict[bytes, int] = {}
-      for i, key in enumerate(keys):
-        first.setdefault(key, i)
-      todo = [i for key, i in first.items() if key not in cache]
-      if todo:
-        values = np.asarray(eval_set.run(keep[todo], per_doc=True)[metric], np.float64)
-        cache.update(zip((keys[i] for i in todo), values))
-        if self._progress:
-          if self._bar is None:
-            total = self.expected * len(self.eval_sets) if self.expected else None
-            self._bar = tqdm(desc=self._progress, unit="task·mask", total=total, dynamic_ncols=True)
-          if self._bar.total is not None and self._bar.n + len(todo) > self._bar.total:
-            self._bar.total = self._bar.n + len(todo)  # more than planned: the total follows
-          self._bar.update(len(todo))
-          self._bar.set_postfix_str(task_label(eval_set.name), refresh=True)
-    return [np.stack([cache[key] for key in keys]) for cache in self._cache]
+    first: dict[bytes, int] = {}
+    for i, key in enumerate(keys):
+      first.setdefault(key, i)
+    out = []
+    for t, (eval_set, metric, cache) in enumerate(zip(self.eval_sets, self.metrics, self._cache)):
+      own = len(eval_set.docs)
+      want = own if docs is None else int(docs[t])
+      if want > self.available(t):
+        raise ValueError(f"{eval_set.name}: {want} documents asked, {self.available(t)} available")
+      by_start: dict[int, list[int]] = {}  # documents a mask has scored -> the masks (rows) that need more
+      for key, i in first.items():
+        have = len(cache.get(key, ()))
+        if have < want:
+          by_start.setdefault(have, []).append(i)
+      for have, rows in sorted(by_start.items()):
+        # The set's own documents are scored together (as the method scored them), the reserve's apart.
+        start = have if have >= own else 0
+        parts = ([eval_set] if start < own else []) + ([self._on_reserve(t, max(start, own), want)] if want > own
+                                                       else [])
+        values = [np.asarray(e.run(keep[rows], per_doc=True)[metric], np.float64) for e in parts]
+        for j, i in enumerate(rows):
+          cache[keys[i]] = np.concatenate([cache.get(keys[i], np.zeros(0))[:start], *(v[j] for v in values)])
+        self._advance(len(rows), eval_set.name)
+      out.append(np.stack([cache.get(key, np.zeros(0))[:want] for key in keys]) if keys else np.zeros((0, want)))
+    return out
+
+  def _on_reserve(self, task: int, start: int, end: int) -> Evaluator:
+    own = len(self.eval_sets[task].docs)
+    key = (task, start, end)
+    if key not in self._extra:
+      self._extra[key] = self.eval_sets[task].on(self.reserves[task][start - own:end - own])
+    return self._extra[key]
+
+  def _advance(self, masks: int, name: str) -> None:
+    if not self.progress:
+      return
+    if self._bar is None:
+      total = self.expected * len(self.eval_sets) if self.expected else None
+      self._bar = tqdm(desc=self.progress, unit="task·mask", total=total, dynamic_ncols=True)
+    if self._bar.total is not None and self._bar.n + masks > self._bar.total:
+      self._bar.total = self._bar.n + masks  # more than planned: the total follows
+    self._bar.update(masks)
+    self._bar.set_postfix_str(task_label(name), refresh=True)
 
   def close(self) -> None:
     """Ends the progress bar (the scores stay cached)."""
@@ -135,15 +182,25 @@ def planned_masks(top_k: int, curve_k: int, candidates: int, raw_curve: bool) ->
   return 1 + candidates + curve_k + curve + (curve // 2 if raw_curve else 0)
 
 
-def drop_interval(per_doc: np.ndarray, seed: int = 0) -> np.ndarray:
-  """float [k+1, 2]: 2.5th and 97.5th percentiles of the relative drop of each row against row 0 of
-  per_doc [k+1, docs], over paired resamples of the documents (NaN where a resample's baseline is 0)."""
+def paired_drops(per_doc: np.ndarray, seed: int = 0) -> np.ndarray:
+  """float [k+1, INTERVAL_RESAMPLES]: the relative drop of each row of per_doc [k+1, docs] against row 0 on each
+  paired resample of the documents (the same documents for every row; NaN where a resample's baseline is 0)."""
+  per_doc = np.asarray(per_doc, np.float64)
   rng = np.random.default_rng(seed)
   docs = per_doc.shape[1]
   means = per_doc[:, rng.integers(0, docs, (INTERVAL_RESAMPLES, docs))].mean(axis=2)  # [k+1, resamples]
   with np.errstate(invalid="ignore", divide="ignore"):
-    drops = (means[:1] - means) / np.abs(means[:1])
-  return np.nanpercentile(drops, [2.5, 97.5], axis=1).T
+    return (means[:1] - means) / np.abs(means[:1])
+
+
+def drop_interval(per_doc: np.ndarray, seed: int = 0, level: float = 0.95) -> np.ndarray:
+  """float [k+1, 2]: the central `level` interval (2.5th and 97.5th percentiles at 0.95) of the relative drop of each
+  row against row 0 of per_doc [k+1, docs], over paired resamples of the documents (`paired_drops`)."""
+  if not 0 < level < 1:
+    raise ValueError(f"interval level {level} is not in (0, 1)")
+  tail = 50 * (1 - level)
+  with np.errstate(invalid="ignore"):
+    return np.nanpercentile(paired_drops(per_doc, seed), [tail, 100 - tail], axis=1).T
 
 
 def single_head_drops(heads: Sequence[int], scorer: Measures) -> np.ndarray:

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from jaxloc.heads import singular
+from jaxloc.localize.decisions import describe_power
 from jaxloc.tasks.names import task_label
 
 
@@ -59,7 +60,36 @@ def _confirmation(c: dict[str, Any], evaluations: int, unit: str) -> str:
   groups = c.get("aliased_groups_measured") or []
   if groups:
     line += "; aliased groups measured: " + ", ".join("/".join(g) for g in groups)
+  if c.get("extra_documents"):
+    line += f"; {c['extra_documents']} more general-task documents scored (power, straddling intervals)"
   return line
+
+
+def _decisions(c: dict[str, Any]) -> list[str]:
+  """The rule of the confirmation's decisions, then each decision: passed or vetoed, its confidence, and every general
+  task's drop with its interval and documents (older runs recorded none: no lines)."""
+  rule, made = c.get("decision_rule"), c.get("decisions") or []
+  if not rule or not made:
+    return []
+  lines = [f"decisions ({rule['rule']}: {rule['text']}):"]
+  for d in made[:MAX_ROWS]:
+    confidence = "" if d.get("confidence") is None else f", confidence {100 * d['confidence']:.0f}%"
+    tasks = []
+    for task, t in list(d["tasks"].items())[1:]:
+      text = f"{task_label(task)} {_drop(t['drop'], t.get('interval'))}"
+      if t.get("docs"):
+        text += f" on {t['docs']}"
+      if t.get("verdict") == "unable" and (t.get("straddles") or (t["drop"] or 0) > rule["threshold"]):
+        text += " (unable to veto)"  # where it would have counted
+      elif t.get("verdict") == "veto":
+        text += " (vetoes)"
+      tasks.append(text)
+    what = "+".join(d["units"]) + (" together" if d.get("together") else " alone")
+    lines.append(f"  {what}: {'passed' if d['passed'] else 'vetoed'}{confidence}; " + ", ".join(tasks))
+  if len(made) > MAX_ROWS:
+    lines.append(f"  ... {len(made) - MAX_ROWS} more decisions (heads.json confirmation.decisions)")
+  lines.append(f"  [ ]: {100 * rule['confidence']:g}% interval over the documents (paired bootstrap); on N: documents")
+  return lines
 
 
 def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str:
@@ -76,6 +106,8 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
   if general:
     lines.append("general tasks scored under the same masks: " + ", ".join(
         f"{name} ({g['metric']} {g['baseline']:.3f})" for name, g in general.items()))
+    lines.extend(f"power to veto: {describe_power(task_label(name), g['power'])}" for name, g in general.items()
+                 if g.get("power"))
   engine = heads.get("engine") or {}
   if engine.get("compilations") is not None and engine.get("seconds_per_mask"):
     lines.append(f"engine: {engine['seconds_per_mask']:.3f}s per mask (all tasks), {engine['compilations']} "
@@ -108,6 +140,7 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
   confirmation = heads.get("confirmation")
   if confirmation:
     lines.append(_confirmation(confirmation, heads["num_evaluations"], unit))
+    lines.extend(_decisions(confirmation))
   by_name = {h["name"]: h for h in heads[unit]}
   universal = heads.get("universal") or {}
   split = universal.get("confirmed_on", "held_out")

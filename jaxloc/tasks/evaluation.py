@@ -111,6 +111,24 @@ def load_task_split(name: str, options: dict[str, Any] | None = None, *, num_sam
   return task, docs, held_out
 
 
+def load_more_docs(task: Task, used: Sequence[Doc], count: int, *, seed: int, data_dir: str | None) -> list[Doc]:
+  """Up to `count` more documents of `task`, disjoint from `used` (e.g. a run's identification and held-out
+  documents): the rest of its split in a seeded order, so that a smaller count's documents begin a larger count's
+  (documents scored for one cap are the same for another); fewer (all the rest) when it has no more."""
+  if count <= 0:
+    return []
+  taken = collections.Counter(_doc_key(doc) for doc in used)
+  rest = []
+  for doc in task.load_docs(num_samples=None, seed=seed, data_dir=data_dir):
+    key = _doc_key(doc)
+    if taken[key]:
+      taken[key] -= 1
+    else:
+      rest.append(doc)
+  order = np.random.default_rng([seed, len(used)]).permutation(len(rest))[:count]
+  return [rest[i] for i in order]
+
+
 @dataclasses.dataclass
 class Evaluator:
   """A task on its documents, with its mean-ablation fill, run under masks by one engine: the one way

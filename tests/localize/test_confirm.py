@@ -5,7 +5,7 @@ said."""
 
 import numpy as np
 
-from jaxloc.localize import confirm, specificity
+from jaxloc.localize import confirm, decisions, specificity
 from jaxloc.localize.methods import Measured, Ranking
 from jaxloc.localize.settings import LocalizeSettings
 
@@ -14,8 +14,15 @@ class FakeScorer:
   """Relative drops per head (target, general) from a table, adding up over heads ablated together; counts the heads
   it was asked to measure alone and the sets it was asked to measure together."""
 
+  names = ["target", "general"]
+
   def __init__(self, table):
     self.table, self.asked, self.sets = table, [], []
+
+
+def _judge(scorer, threshold=0.1):
+  """The point rule (a FakeScorer has means only): every general drop ≤ threshold."""
+  return decisions.Judge(scorer, decisions.Rule(threshold, "point"))
 
 
 def _patch(monkeypatch, scorer):
@@ -31,10 +38,6 @@ def _patch(monkeypatch, scorer):
   monkeypatch.setattr(confirm.validate, "set_drops", set_drops)
 
 
-def passes(drops):
-  return bool(np.all(drops[1:] <= 0.1))
-
-
 TABLE = {0: [0.5, 0.5], 1: [0.4, 0.0], 2: [0.3, 0.05], 3: [0.2, 0.3], 4: [0.1, 0.0], 5: [0.05, 0.0], 6: [0.0, 0.0],
          7: [0.01, 0.0]}
 
@@ -43,13 +46,13 @@ def test_candidates_are_measured_until_enough_pass(monkeypatch, tmp_path):
   scorer = FakeScorer(TABLE)
   _patch(monkeypatch, scorer)
   known = {1: np.array([0.4, 0.0])}  # the method measured head 1 alone already
-  selected, c = confirm.confirm([0, 1, 2, 3, 4, 5, 6, 7], 3, passes, known, scorer, lambda h: [h], str(tmp_path))
+  selected, c = confirm.confirm([0, 1, 2, 3, 4, 5, 6, 7], 3, _judge(scorer), known, lambda h: [h], str(tmp_path))
   assert selected == [1, 2, 4] and c.rejected == [0, 3] and c.reused == [1]
   assert 1 not in scorer.asked and set(c.measured) == set(scorer.asked) and len(c.measured) >= 4
   # A resumed run reads the saved confirmations and measures nothing again.
   again = FakeScorer(TABLE)
   _patch(monkeypatch, again)
-  again_selected, _ = confirm.confirm([0, 1, 2, 3, 4, 5, 6, 7], 3, passes, known, again, lambda h: [h], str(tmp_path))
+  again_selected, _ = confirm.confirm([0, 1, 2, 3, 4, 5, 6, 7], 3, _judge(again), known, lambda h: [h], str(tmp_path))
   assert again_selected == [1, 2, 4]
   assert again.asked == []
 
@@ -59,16 +62,15 @@ def test_the_reported_heads_are_confirmed_together_too(monkeypatch, tmp_path):
   # not (0.10 > 0.09), so 5 is turned away and 6 joins; past the first `together` heads only the single rule holds,
   # and 5, turned away, comes back there before 7.
   table = {**TABLE, 5: [0.05, 0.05], 6: [0.04, 0.0], 7: [0.03, 0.05]}
-  limit = lambda drops: bool(np.all(drops[1:] <= 0.09))
   scorer = FakeScorer(table)
   _patch(monkeypatch, scorer)
-  selected, c = confirm.confirm([0, 1, 2, 3, 4, 5, 6, 7], 4, limit, {}, scorer, lambda h: [h], str(tmp_path),
+  selected, c = confirm.confirm([0, 1, 2, 3, 4, 5, 6, 7], 4, _judge(scorer, 0.09), {}, lambda h: [h], str(tmp_path),
                                 together=3)
   assert selected == [1, 2, 4, 5] and c.rejected == [0, 3]  # 4 (0.0 general) joins before 5; 5 is the fourth
   assert not c.rejected_together
   scorer = FakeScorer(table)
   _patch(monkeypatch, scorer)
-  selected, c = confirm.confirm([1, 2, 5, 6, 7], 4, limit, {}, scorer, lambda h: [h], str(tmp_path / "b"),
+  selected, c = confirm.confirm([1, 2, 5, 6, 7], 4, _judge(scorer, 0.09), {}, lambda h: [h], str(tmp_path / "b"),
                                 together=3)
   assert selected == [1, 2, 6, 5] and c.rejected_together == {5: (1, 2, 5)} and c.rejected == []
   assert c.together == 3 and (1, 2, 6) in c.set_drops
@@ -78,7 +80,7 @@ def test_the_reported_heads_are_confirmed_together_too(monkeypatch, tmp_path):
   # A resumed run reads the saved sets and measures nothing again.
   again = FakeScorer(table)
   _patch(monkeypatch, again)
-  assert confirm.confirm([1, 2, 5, 6, 7], 4, limit, {}, again, lambda h: [h], str(tmp_path / "b"),
+  assert confirm.confirm([1, 2, 5, 6, 7], 4, _judge(again, 0.09), {}, lambda h: [h], str(tmp_path / "b"),
                          together=3)[0] == [1, 2, 6, 5]
   assert again.asked == [] and again.sets == []
 
@@ -89,14 +91,14 @@ def test_speculation_follows_aliased_groups_and_stops_at_the_count(monkeypatch):
   scorer = FakeScorer(table)
   _patch(monkeypatch, scorer)
   groups = {10: [10, 11], 11: [10, 11]}
-  selected, c = confirm.confirm([1, 10, 2, 3], 4, passes, {}, scorer, lambda h: groups.get(h, [h]), None, together=4)
+  selected, c = confirm.confirm([1, 10, 2, 3], 4, _judge(scorer), {}, lambda h: groups.get(h, [h]), None, together=4)
   assert selected == [1, 11, 10, 2] and c.regrouped == [[11, 10]]
   assert scorer.sets == [[(1, 11), (1, 11, 10), (1, 11, 10, 2)]]  # one batch, every set the one needed
   scorer = FakeScorer(table)
   _patch(monkeypatch, scorer)
-  selected, c = confirm.confirm([1, 2, 3], 2, passes, {}, scorer, lambda h: [h], None, together=5)
+  selected, c = confirm.confirm([1, 2, 3], 2, _judge(scorer), {}, lambda h: [h], None, together=5)
   assert selected == [1, 2] and scorer.sets == [[(1, 2)]] and c.together == 2  # no set beyond the count
-  one, c = confirm.confirm([1, 2, 3], 1, passes, {}, FakeScorer(table), lambda h: [h], None, together=5)
+  one, c = confirm.confirm([1, 2, 3], 1, _judge(FakeScorer(table)), {}, lambda h: [h], None, together=5)
   assert one == [1] and c.together == 0 and "together" not in c.facts(str, ["t", "g"], 0.1)["rule"]
 
 
@@ -104,7 +106,7 @@ def test_an_aliased_group_is_ordered_by_measurement_and_members_without_effect_l
   scorer = FakeScorer(TABLE)
   _patch(monkeypatch, scorer)
   groups = {6: [6, 4], 4: [6, 4]}  # identical columns: the ranking put 6 (no effect alone) first
-  selected, c = confirm.confirm([6, 1, 5], 3, passes, {}, scorer, lambda h: groups.get(h, [h]), None)
+  selected, c = confirm.confirm([6, 1, 5], 3, _judge(scorer), {}, lambda h: groups.get(h, [h]), None)
   assert c.regrouped == [[4, 6]] and selected == [4, 1, 5]
 
 

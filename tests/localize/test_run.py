@@ -96,6 +96,15 @@ def test_selection_universal_heads_and_confidence_follow_their_stated_rules(toke
   frequencies = [h["selection_frequency"] for h in heads["heads"]]
   assert sum(frequencies) == pytest.approx(settings.top_k)  # every resample selects top_k heads
   assert heads["confidence"]["resampled"] == "documents"
+  # Each general task's power to veto (a random model gets none of them right: nothing to lose, cannot veto), and
+  # every confirmation decision with its documents and verdict per task.
+  for g in heads["general_tasks"].values():
+    assert g["power"]["docs"] == 8 and g["power"]["alpha"] == 0.05 and g["power"]["able_to_veto"] == (g["baseline"] > 0)
+  made = heads["confirmation"]["decisions"]
+  assert made and all(list(d["tasks"]) == ["counting", "plurals", "induction"] for d in made)
+  assert all(d["tasks"]["plurals"]["docs"] >= 8 and d["tasks"]["plurals"]["verdict"] in ("pass", "unable")
+             for d in made)
+  assert heads["confirmation"]["decision_rule"]["rule"] == "interval"
   import json
   import os
 

@@ -51,3 +51,31 @@ def test_the_confirmation_names_heads_turned_away_together():
   line = next(x for x in summary_table(heads, None).splitlines() if x.startswith("confirmation:"))
   assert "documents, the first 5 together (6 masks);" in line
   assert "turned away together 1: L3H1 (counting 18% with 2 selected)" in line
+
+
+def test_power_and_each_decision_with_its_interval_and_documents_are_shown():
+  heads = _heads("plurals")
+  power = {"test": "one-sided exact binomial", "alpha": 0.05, "power": 0.8, "baseline": 0.81, "docs": 100,
+           "detectable_relative_drop": 0.14, "threshold": 0.1, "planned_docs": 200,
+           "planned_detectable_relative_drop": 0.09, "max_docs": 800, "able_to_veto": True, "binomial": True}
+  weak = {**power, "baseline": 0.19, "detectable_relative_drop": 0.47, "planned_docs": 100,
+          "planned_detectable_relative_drop": 0.25, "able_to_veto": False}
+  heads["general_tasks"] = {"counting": {"metric": "accuracy", "baseline": 0.81, "num_docs": 100, "power": power},
+                            "arithmetic": {"metric": "accuracy", "baseline": 0.19, "num_docs": 100, "power": weak}}
+  heads["confirmation"] = {
+      "masks": 2, "reused_measurements": 0, "confirmed": 1, "estimated": 0, "rejected": {}, "extra_documents": 100,
+      "decision_rule": {"rule": "interval", "threshold": 0.1, "confidence": 0.95, "text": "the rule",
+                        "intervals": True},
+      "decisions": [{"units": ["L1H2"], "together": False, "passed": True, "confidence": 0.93, "tasks": {
+          "plurals": {"drop": 0.6, "interval": [0.5, 0.7], "docs": 100},
+          "counting": {"drop": 0.04, "interval": [-0.01, 0.09], "docs": 200, "verdict": "pass", "straddles": False},
+          "arithmetic": {"drop": 0.2, "interval": [-0.05, 0.45], "docs": 100, "verdict": "unable",
+                         "straddles": True}}}]}
+  lines = summary_table(heads, None).splitlines()
+  assert ("power to veto: counting: 100 documents at baseline 0.810 detect a 14% drop (one-sided binomial, alpha "
+          "0.05, power 80%), not 10%: decisions start on 200 documents (detect a 9% drop)") in lines
+  assert any(x.startswith("power to veto: arithmetic: ") and "UNABLE TO VETO" in x for x in lines)
+  assert "100 more general-task documents scored" in next(x for x in lines if x.startswith("confirmation:"))
+  assert "decisions (interval: the rule):" in lines
+  assert ("  L1H2 alone: passed, confidence 93%; counting 4% [-1, 9] on 200, arithmetic 20% [-5, 45] on 100 "
+          "(unable to veto)") in lines

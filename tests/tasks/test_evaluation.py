@@ -141,3 +141,17 @@ def test_too_few_documents_for_both_splits_is_a_user_error():
   with pytest.raises(UserError, match=r"task counting has 200 documents; identification \(150\) and held-out "
                                       r"validation \(100\) need 250"):
     evaluation.load_task_split("counting", num_samples=150, validation_samples=100, seed=0, data_dir=None)
+
+
+def test_more_documents_are_disjoint_from_both_splits_seeded_and_bounded_by_the_split():
+  task, docs, held_out = evaluation.load_task_split("induction", num_samples=100, validation_samples=100, seed=3,
+                                                    data_dir=None)
+  more = evaluation.load_more_docs(task, docs + held_out, 150, seed=3, data_dir=None)
+  used = {evaluation._doc_key(d) for d in docs + held_out}
+  assert len(more) == 150 and not used & {evaluation._doc_key(d) for d in more}
+  assert len({evaluation._doc_key(d) for d in more}) == 150
+  assert more == evaluation.load_more_docs(task, docs + held_out, 150, seed=3, data_dir=None)
+  assert evaluation.load_more_docs(task, docs + held_out, 200, seed=3, data_dir=None)[:150] == more  # nested
+  # induction holds 500 documents: 300 beyond the two splits, then no more.
+  assert len(evaluation.load_more_docs(task, docs + held_out, 1000, seed=3, data_dir=None)) == 300
+  assert evaluation.load_more_docs(task, docs + held_out, 0, seed=3, data_dir=None) == []
