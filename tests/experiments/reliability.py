@@ -245,7 +245,7 @@ CASES = [
          True),
     # Ctrl-C: one line, exit status 130.
     Case("interrupted", "Ctrl-C (SIGINT) while the run measures", "localize",
-         ("--method=cs_bernoulli", "--num_masks=20000"),
+         ("--method=cs_bernoulli", "--num_masks=2000", "--tokens_per_batch=64"),
          "masks saved in {out}/measurements.npz", False, exit=130, interrupt="{out}/measurements.npz"),
     # Inputs the run goes on with, taken as the warning says.
     Case("general_task_is_target", "the target among `--general_tasks`", "localize",
