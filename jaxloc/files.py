@@ -422,3 +422,8 @@ def _remove_temporaries(path: str, token: str) -> None:
       if mine.match(name):
         with contextlib.suppress(FileNotFoundError):
           os.remove(os.path.join(root, name))
+
+
+def jsonable(payload: Any) -> Any:
+  """`payload` as `write_json` writes it and `read_json` reads it back (numpy values as Python's, tuples as lists)."""
+  return json.loads(json.dumps(payload, default=_jsonable))

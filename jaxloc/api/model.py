@@ -36,7 +36,7 @@ from jaxloc.masks import MaskSet, Names
 from jaxloc.models import checkpoints
 from jaxloc.models.config import ModelConfig, config_from_hf
 from jaxloc.models.decoder import Transformer
-from jaxloc.models.loading import LoadedModel, load_model, load_tokenizer
+from jaxloc.models.loading import LoadedModel, load_model, load_tokenizer, resolve_dtype
 
 Masks = MaskSet | np.ndarray | None
 
@@ -236,20 +236,11 @@ class Model:
     return Patching(patched, captured["logits"][0], corrupted_logits, sets.labels)
 
 
-def _dtype(dtype: Any) -> Any:
-  if dtype is None or not isinstance(dtype, str):
-    return dtype
-  try:
-    return jnp.dtype(dtype).type
-  except TypeError:
-    raise UserError(f"unknown dtype {dtype!r}; valid: float32, bfloat16, float16") from None
-
-
 def load(spec: str, *, dtype: Any = None, engine_config: EngineConfig | None = None, **options: Any) -> Model:
   """The model `spec` names (an alias such as "smollm2-135m", a .gguf file, an HF directory or hub id,
   random:<preset>), as a `Model`; `dtype` "float32"/"bfloat16" (default: float32 on CPU, bfloat16 on
   accelerators); `options` go to `jaxloc.load_model` (cache_dir, ...)."""
-  return Model(load_model(spec, dtype=_dtype(dtype), **options), engine_config)
+  return Model(load_model(spec, dtype=dtype, **options), engine_config)
 
 
 def from_hf(model_or_dir: Any, *, tokenizer: Any = None, dtype: Any = None,
@@ -258,7 +249,7 @@ def from_hf(model_or_dir: Any, *, tokenizer: Any = None, dtype: Any = None,
   directory. An in-memory model's tokenizer is `tokenizer`, else the one saved beside it (`name_or_path`), else
   none (prompts then go in as token ids)."""
   if isinstance(model_or_dir, str):
-    loaded = load_model(model_or_dir, dtype=_dtype(dtype))
+    loaded = load_model(model_or_dir, dtype=dtype)
     if tokenizer is not None:
       loaded.tokenizer = tokenizer
     return Model(loaded, engine_config)
@@ -266,7 +257,7 @@ def from_hf(model_or_dir: Any, *, tokenizer: Any = None, dtype: Any = None,
   if hf_config is None or not hasattr(model_or_dir, "state_dict"):
     raise UserError(f"from_hf takes a transformers model or an HF model directory, not {type(model_or_dir).__name__}")
   config = config_from_hf(hf_config.to_dict())
-  dtype = _dtype(dtype) or jnp.float32
+  dtype = resolve_dtype(dtype)
   state = model_or_dir.state_dict()
 
   def tensor(name: str) -> np.ndarray:

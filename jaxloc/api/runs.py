@@ -23,7 +23,8 @@ from jaxloc import files
 from jaxloc.engine.engine import Engine
 from jaxloc.errors import UserError
 from jaxloc.heads import run_file
-from jaxloc.localize.run import Tasks, load_tasks, localize
+from jaxloc.localize.preflight import engine_scoring_settings
+from jaxloc.localize.run import Localization, Tasks
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.report.page import write_page
 from jaxloc.report.plots import write_plots
@@ -74,6 +75,16 @@ class Run:
     return self.units
 
 
+def finished_run(localization: Localization) -> Run:
+  """The `Run` a localization just made, from what it holds in memory (equal to `read_run` of its directory)."""
+  store = localization.stores[0]
+  coefficients = localization.solution.ranking.values.reshape(localization.config.num_layers,
+                                                              localization.per_layer)
+  return Run(localization.settings.output_dir, localization.payload, localization.ablation,
+             np.asarray(coefficients), store.masks.copy(), np.asarray(store.scores).copy(), float(store.baseline),
+             {k: v.copy() for k, v in store.metrics.items()})
+
+
 def read_run(output_dir: str) -> Run:
   """The outputs of a finished `experiments.localize` or `run_localization` run in `output_dir` (in a
   multi-process run, as process 0 wrote them)."""
@@ -105,14 +116,25 @@ def run_localization(engine: Engine, task: str | None = None, output_dir: str | 
   `mask_steps=30`), or as a whole `settings` object (`LocalizeSettings.make(...)`). A keyword that is neither a
   run-wide setting nor one of the method's is an error naming the valid ones. Re-running with the same settings
   resumes an interrupted run. `tasks` are the run's documents when already loaded
-  (`jaxloc.localize.run.load_tasks(settings)`).
+  (`jaxloc.localize.preflight.load_tasks(settings)`). The stages (`jaxloc.localize.run.Localization`) run in order;
+  the returned `Run` is the one made in memory, not read back.
   """
   if settings is None:
     settings = LocalizeSettings.make(**{"model": engine.model.name, "task": task, "output_dir": output_dir, **fields})
   elif task is not None or output_dir is not None or fields:
     raise UserError("give the settings either as a LocalizeSettings object or as task, output_dir and keywords")
   with files.hold_run_directory(settings.output_dir):
-    localize(engine, settings, tasks or load_tasks(settings), progress=progress)
-    write_plots(settings.output_dir)
-    write_page(settings.output_dir)
-  return read_run(settings.output_dir)
+    localization = Localization.preflight(settings, tasks=tasks, config=engine.model_config,
+                                          scoring=engine_scoring_settings(engine))
+    return execute(localization, engine, progress=progress)
+
+
+def execute(localization: Localization, engine: Engine, *, progress: bool = True) -> Run:
+  """Runs a preflighted localization (`Localization.preflight`) on `engine`: every stage, then its plots and report
+  page; the run as it holds it in memory. `experiments.localize` preflights before the model loads, then calls this."""
+  directory = localization.settings.output_dir
+  with files.hold_run_directory(directory):
+    localization.run(engine, progress)
+    write_plots(directory)
+    write_page(directory)
+  return finished_run(localization)

@@ -1,5 +1,5 @@
 """How the efficiency benchmark judges a method: by the heads a run of it would report (`runner_selection`: the
-runner's own `localize.confirm.find_heads` over the benchmark's cached problems), ablated together on held-out
+run's own solve and confirm stages over the benchmark's cached problems), ablated together on held-out
 documents of the target and of every general task (`held_out_drops`)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import numpy as np
 
 from jaxloc.bench.problems import Problem
 from jaxloc.bench.variants import MethodRun
-from jaxloc.localize import aliasing, confirm, specificity
+from jaxloc.localize import confirm
+from jaxloc.localize import run as localization
 from jaxloc.localize.methods import Measured
 
 
@@ -51,18 +52,19 @@ def measured_on(problem: Problem, masks: np.ndarray) -> Measured:
 
 
 def runner_selection(run: MethodRun, problem: Problem, judging: Judging) -> confirm.Found:
-  """The heads a run of this method would report (`confirm.find_heads`, the runner's own selection): the general
-  tasks scored under the method's masks on their identification documents and estimated by its plan, universal
-  heads confirmed on the held-out documents, the selection confirmed on the identification documents."""
+  """The heads a run of this method would report, from the run's own solve and confirm stages
+  (`localize.run.estimate`, `localize.run.conclude`): the general tasks scored under the method's masks on their
+  identification documents and estimated by its plan, universal heads confirmed on the held-out documents, the
+  selection confirmed on the identification documents."""
   names = [problem.name, *judging.names]
   general = [measured_on(identification, run.measured.masks) for _, identification, _ in judging.general]
-  estimates = [specificity.estimate(run.plan, m) for m in general]
   metrics = [run.measured.metric, *(p.headline_metric for _, p, _ in judging.general)]
   confirming = ProblemScorer(names, [judging.held_out, *(p for _, _, p in judging.general)], metrics)
   identification = ProblemScorer(names, [problem, *(p for _, p, _ in judging.general)], metrics)
   excluded = np.zeros(problem.num_total, bool)
-  return confirm.find_heads(run.settings, run.ranked, estimates, [run.measured, *general], excluded, confirming,
-                            identification, aliasing.of_measurements(run.measured.masks, excluded))
+  measured = [run.measured, *general]
+  solution = localization.estimate(run.plan, measured, excluded, ranking=run.ranked)
+  return localization.conclude(run.settings, solution, measured, excluded, confirming, identification)
 
 
 def held_out_drops(task: float, general: dict[str, float]) -> dict[str, Any]:

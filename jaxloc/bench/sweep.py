@@ -39,7 +39,7 @@ from jaxloc.bench.variants import (Variant, budget_masks, context, default_varia
 from jaxloc.config import SEED, setting
 from jaxloc.errors import UserError
 from jaxloc.heads import head_name
-from jaxloc.localize import methods, specificity, validate
+from jaxloc.localize import methods, validate
 from jaxloc.localize.methods.base import single_head_plan
 from jaxloc.localize.methods.greedy import IterativeGreedyPlan
 from jaxloc.localize.settings import LocalizeSettings
@@ -303,7 +303,7 @@ def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_na
     report["held_out"] = {"num_docs": len(held_docs), "baseline": judging.held_out.baseline,
                           "general": {name: {"metric": p.headline_metric, "baseline": p.baseline[p.headline_metric],
                                              "num_docs": len(p.evaluator.docs)} for name, _, p in judging.general},
-                          "selection": specificity.selection_rule(base.selection, base.specific_max_general_drop)}
+                          "selection": base.selector.describe()}
   report["records"] = records
   report["summary"] = summarize(records, cfg.headline_metric, k)
   trained = {key: m for key, m in problem.memory.items() if "training_seconds" in m}

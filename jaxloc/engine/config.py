@@ -49,3 +49,8 @@ class EngineConfig:
                                    "nothing new: a directory; empty = compilation/ in the jaxloc cache ($JAXLOC_CACHE "
                                    "or ~/.cache/jaxloc); 'none' turns it off. It is one setting for the whole "
                                    "process.")
+
+  def activations_for(self, model_dtype: str) -> str:
+    """The activation dtype's name for a model in `model_dtype` (a name): "auto" is the model's (the one place that
+    rule is decided; the model's own "auto" is `models.loading.resolve_dtype`)."""
+    return model_dtype if self.activation_dtype == "auto" else self.activation_dtype

@@ -86,7 +86,7 @@ def resolve(config: EngineConfig, model_dtype: DTypeLike) -> EngineConfig:
   if not 0 <= cache < budget:
     raise UserError(f"the residual cache ({cache / GIB:.2f} GiB) must be under the memory budget "
                     f"({budget / GIB:.2f} GiB)")
-  dtype = jnp.dtype(model_dtype).name if config.activation_dtype == "auto" else config.activation_dtype
+  dtype = config.activations_for(jnp.dtype(model_dtype).name)
   if not jnp.issubdtype(getattr(jnp, dtype, int), jnp.floating):
     raise UserError(f"activation dtype {dtype!r} is not a floating-point dtype; use float32 or bfloat16")
   tokens = default_tokens_per_batch() if config.tokens_per_batch is None else config.tokens_per_batch

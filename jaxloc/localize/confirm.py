@@ -1,6 +1,7 @@
-"""What a run concludes from its measurements: the universal heads and the selection, specific heads confirmed by
-measurement (the estimates only propose candidates). The runner (`run.py`) and the efficiency benchmark
-(`bench/sweep.py`) both call `find_heads`, so a benchmark judges each method by the heads a run would report.
+"""What a run concludes from its measurements (its confirm stage): the universal heads and the selection, specific
+heads confirmed by measurement (the estimates only propose candidates). It decides; measuring is `validate`'s,
+estimating `specificity`'s, the rule `selection`'s. The run (`run.conclude`) and through it the efficiency benchmark
+(`bench/judging.py`) call `find_heads`, so a benchmark judges each method by the heads a run would report.
 
 Axes: N heads flattened (flat = layer * H + head); `tasks` = the target first, then the general tasks. Below,
 "heads" stands for the run's units (neurons too).
@@ -8,7 +9,7 @@ Axes: N heads flattened (flat = layer * H + head); `tasks` = the target first, t
 Universal heads (`specificity`): flagged by the estimates, confirmed by single-head ablation on `confirming`
 documents (held out when validating).
 
-Confirmed selection (`--selection=specific` with general tasks): an estimate of a head's general-task effect (a
+Confirmed selection (`selection.Specific` with general tasks): an estimate of a head's general-task effect (a
 Lasso coefficient from a few dozen masks) cannot carry the claim that the head is specific, so before a head is
 called specific it is ablated alone on the identification documents of the target and of every general task, and
 kept only when no general task drops by more than `--specific_max_general_drop` (relative): each drop with its
@@ -34,7 +35,7 @@ them again under their rule; a file from before values were kept gives point dec
 carries the digest of the settings of every task's measurements (`settings_digest`): a run with other settings
 refuses it, and one saved before it carried them is reused only where the target's measurements were saved before
 this run (their settings checked), never alone in a new directory. The bootstrap's re-selections stay estimated
-(`specificity.select`: no model evaluation per resample).
+(`Selection.select`: no model evaluation per resample).
 """
 
 from __future__ import annotations
@@ -377,11 +378,12 @@ def find_heads(settings, ranking: Ranking, general_rankings: Sequence[Ranking], 
                                                 settings.universal_min_tasks, settings.universal_candidates)
   count = max(settings.curve_k, settings.top_k)
 
-  def select(universal: list[int], how_many: int = count) -> list[int]:
-    return specificity.select(order, effects, excluded, universal, settings.selection,
-                              settings.specific_max_general_drop, how_many)
+  selector = settings.selector
 
-  confirming_selection = settings.selection == "specific" and len(measured) > 1
+  def select(universal: list[int], how_many: int = count) -> list[int]:
+    return selector.select(order, effects, excluded, universal, how_many)
+
+  confirming_selection = selector.confirms(len(measured) - 1)
   # Without a confirmation, one batch of single-head ablations holds the candidates and the first --curve_k heads
   # selected if none is universal (the runner checks the selection alone too).
   first = candidates if confirming_selection else list(dict.fromkeys(candidates + select([])[:settings.curve_k]))

@@ -82,7 +82,7 @@ def load_tasks(settings: LocalizeSettings) -> Tasks:
                         f"{name} is a generation task: leave it out of --general_tasks or use "
                         f"{_methods_without(SCORED_GENERAL_TASKS, settings.unit)}")
       reserve = []
-      if settings.selection == "specific":
+      if settings.selector.confirmed:
         reserve = load_more_docs(g_task, g_docs + g_held, settings.general_max_samples - settings.general_samples,
                                  seed=settings.seed, data_dir=settings.data_dir)
       general.append(TaskDocs(name, g_task, g_docs, g_held, g_task.default_metric, reserve))

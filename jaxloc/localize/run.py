@@ -1,5 +1,6 @@
-"""A localization run end to end: measure every task under the same masks (resumably), rank, select, find the
-universal heads, validate on held-out documents, bootstrap the confidence, write the outputs.
+"""A localization run end to end, as explicit stages (`Localization`): preflight, measure every task under the same
+masks (resumably), solve (rank, estimate), confirm (universal heads, the selection), validate on held-out documents
+and bootstrap the confidence, report (write the outputs).
 
 The units are attention heads, or with `--unit=neurons` MLP neurons: only the layout changes (units per layer,
 their names, `neurons.json` for `heads.json`); below, "heads" stands for either.
@@ -23,7 +24,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -31,11 +32,17 @@ from tqdm import tqdm
 
 from jaxloc import files
 from jaxloc.engine import peak
+from jaxloc.errors import UserError
 from jaxloc.heads import parse_units, run_file, singular, unit_name, units_per_layer
-from jaxloc.localize import aliasing, confidence, confirm, decisions, designs, examples, methods, specificity, validate
+from jaxloc.localize import (aliasing, confidence, confirm, decisions, designs, examples, methods, selection,
+                             specificity, validate)
 from jaxloc.localize.measurements import MeasurementStore
-from jaxloc.localize.preflight import Tasks, check_layout, engine_scoring_settings, load_tasks, store_specs
+from jaxloc.localize.methods.base import Measured, Ranking
+from jaxloc.localize.preflight import (Tasks, check_layout, check_resume, engine_scoring_settings, load_tasks,
+                                       store_specs)
 from jaxloc.localize.settings import LocalizeSettings
+from jaxloc.models.config import ModelConfig
+from jaxloc.models.loading import read_config
 from jaxloc.tasks.names import task_label
 from jaxloc.tasks.evaluation import Evaluator, RetainedProbability
 
@@ -53,7 +60,7 @@ class Measuring:
   evaluator: Evaluator
 
 
-def measure(plan: methods.Plan, target: Measuring, general: list[Measuring], progress: bool = True) -> None:
+def measure_tasks(plan: methods.Plan, target: Measuring, general: list[Measuring], progress: bool = True) -> None:
   """Measures what `plan` asks for on the target and every general task (the same masks, MASKS_PER_ROUND at a
   time), saving after every engine batch; resumes from the stores: a general task that fell behind catches up first,
   one that holds masks the target no longer has (its store moved away) keeps those the target measures again."""
@@ -126,135 +133,252 @@ def _recover(target: Measuring, general: list[Measuring]) -> None:
                 ", ".join(dropped), target.store.path)
 
 
+@dataclasses.dataclass
+class Solution:
+  """What the solve stage estimates from the measurements: the target's ranking, each general task's estimates under
+  the same masks (`specificity.estimate`), and the design's aliasing (None for a design without one)."""
+
+  ranking: Ranking
+  general_rankings: list[Ranking]
+  design: aliasing.DesignDiagnostics | None
+
+
+def estimate(plan: methods.Plan, measured: Sequence[Measured], excluded: np.ndarray, ranking: Ranking | None = None
+          ) -> Solution:
+  """The solve stage's estimates from `measured` (the target first, then the general tasks, under the same masks); `ranking`: the
+  target's, when the caller has ranked it already (the efficiency benchmark ranks before it judges)."""
+  design = aliasing.of_measurements(measured[0].masks, excluded)
+  return Solution(plan.rank(measured[0]) if ranking is None else ranking,
+                  [specificity.estimate(plan, m) for m in measured[1:]], design)
+
+
+def conclude(settings: LocalizeSettings, solution: Solution, measured: Sequence[Measured], excluded: np.ndarray,
+             confirming: validate.Measures, identification: validate.Measures, directory: str | None = None
+             ) -> confirm.Found:
+  """The confirm stage on a solution: the universal units and the selection (`confirm.find_heads`; the run saves
+  its confirmation in `directory`)."""
+  return confirm.find_heads(settings, solution.ranking, solution.general_rankings, measured, excluded, confirming,
+                            identification, solution.design, directory)
+
+
+class Localization:
+  """A localization run as explicit stages, each a method, run in order (`run` runs them all):
+
+    preflight  (a constructor) the settings, the tasks' documents, the model's layout from its config and the
+               stores a resume would open, checked before the model loads: anything the input decides is a
+               UserError before any weight is read;
+    measure    every task scored under the method's masks on the engine (resumable), baselines and power first;
+    solve      the ranking and each general task's estimates (`estimate`), coefficients.npy;
+    confirm    universal units and the selection, confirmed by measurement (`conclude`);
+    validate   the selection on held-out documents (ablation.json, with --validate) and the bootstrap's confidence;
+    report     heads.json (neurons.json) and the examples page's data; returns heads.json's payload.
+
+  The CLI (`jaxloc.main.localize`: preflight before the model loads, then the engine), the API
+  (`jaxloc.api.run_localization`) and the rehearsal drive these; the efficiency benchmark drives the solve and
+  confirm stages' own functions (`estimate`, `conclude`) over its cached problems. Each stage's outputs are attributes (`tasks`, `stores`, `solution`, `found`,
+  `ablation`, `payload`)."""
+
+  def __init__(self, settings: LocalizeSettings, tasks: Tasks, config: ModelConfig):
+    self.settings, self.tasks, self.config = settings, tasks, config
+    self.unit = settings.unit
+    self.per_layer = units_per_layer(config, self.unit)
+    exclude = parse_units(settings.exclude_heads, config.num_layers, self.per_layer, self.unit)
+    settings.exclude_heads = [unit_name(*h, self.unit) for h in exclude]
+    self.excluded = designs.excluded_heads(settings.exclude_heads, config.num_layers * self.per_layer,
+                                           num_heads=self.per_layer, unit=self.unit)
+    self.timing: dict[str, float] = {}
+    self.solution: Solution | None = None
+    self.found: confirm.Found | None = None
+    self.ablation: dict[str, Any] | None = None
+    self.payload: dict[str, Any] | None = None
+
+  @classmethod
+  def preflight(cls, settings: LocalizeSettings, *, tasks: Tasks | None = None, config: ModelConfig | None = None,
+                scoring: dict[str, Any] | None = None) -> "Localization":
+    """The run checked before its model loads: the settings and tasks (`load_tasks`, or `tasks` already loaded), the
+    layout against the model's `config` (read from --model's files when None: `read_config`), and with the engine's
+    `scoring` settings (`preflight.scoring_settings`) what a resume would refuse (`check_resume`)."""
+    if tasks is None:
+      tasks = load_tasks(settings)
+    else:
+      settings.check()
+    config = read_config(settings.model) if config is None else config
+    check_layout(settings, tasks, config)
+    localization = cls(settings, tasks, config)
+    if scoring is not None:
+      localization.check_resume(scoring)
+    return localization
+
+  def check_resume(self, scoring: dict[str, Any]) -> None:
+    """What a resume into the output directory would refuse under an engine with `scoring` settings
+    (`preflight.check_resume`), before the model loads."""
+    check_resume(self.settings, self.tasks, scoring)
+
+  @property
+  def stores(self) -> list[MeasurementStore]:
+    """Every task's measurements, the target first (after `measure`)."""
+    return [m.store for m in self.measuring]
+
+  def run(self, engine, progress: bool = True) -> dict[str, Any]:
+    """Every stage after the preflight, in order, holding the output directory (`files.hold_run_directory`: another
+    run into it is refused); heads.json's payload."""
+    with files.hold_run_directory(self.settings.output_dir):
+      self.measure(engine, progress)
+      self.solve()
+      self.confirm()
+      self.validate()
+      return self.report()
+
+  def measure(self, engine, progress: bool = True) -> None:
+    settings, c, timing = self.settings, engine.model_config, self.timing
+    if (c.num_layers, units_per_layer(c, self.unit)) != (self.config.num_layers, self.per_layer):
+      raise UserError(f"the engine's model ({engine.model.name}) has another layout than the preflight's "
+                      f"({settings.model}): {c.num_layers} layers × {units_per_layer(c, self.unit)} {self.unit}")
+    self.engine, self.progress = engine, progress
+    self.start = time.perf_counter()
+    self.machine = peak.machine_facts(engine.dtype)  # the matmul peak this run's seconds are read against
+    self.provenance = peak.provenance(engine)  # before measuring: nothing after the measuring may end the run
+    self.compiled_before, self.compile_before = engine.compile_count, dataclasses.replace(engine.compile_time)
+    self.identification = [Evaluator.build(engine, t.name, t.task, t.docs, settings.ablation, self.unit, exact=True)
+                           for t in self.tasks.all]
+    _lay_out(settings, self.tasks, self.identification)
+    self.measuring = _open_stores(settings, self.tasks, self.identification, (c.num_layers, self.per_layer),
+                                  engine_scoring_settings(engine))
+    target = self.measuring[0].store
+    resumed = len(target)
+    log.info("%s baseline %s = %.4f (%d samples)%s", settings.task, target.metric, target.baseline,
+             len(self.tasks.target.docs), f"; resuming after {resumed} saved masks" if resumed else "")
+    self.metrics = [m.store.metric for m in self.measuring]
+    # The confirmation's decisions score the identification documents, and more of a general task's (its reserve)
+    # where its power or a straddling interval asks (`decisions`).
+    self.in_sample = validate.Scorer(self.identification, self.metrics, reserves=[t.reserve for t in self.tasks.all])
+    self.powers = confirm.powers(settings, self.in_sample, self.stores)
+    for power in self.powers:
+      if power is not None:
+        log.info("power to veto: %s", decisions.describe_power(task_label(power.task), power.facts()))
+    timing["setup_seconds"] = time.perf_counter() - self.start
+
+    def gradient() -> np.ndarray:
+      t = time.perf_counter()
+      change = self.identification[0].first_order_change()
+      timing["gradient_seconds"] = time.perf_counter() - t
+      return change
+
+    def attribution(steps: int) -> np.ndarray:
+      t = time.perf_counter()
+      scores = self.identification[0].attribution(steps, progress)
+      timing["attribution_seconds"] = time.perf_counter() - t
+      return scores
+
+    objective = RetainedProbability(self.identification)
+    self.context = methods.Context(c.num_layers, self.per_layer, self.excluded, gradient, objective,
+                                   directory=settings.output_dir, attribution=attribution)
+    self.plan = settings.method_object.plan(settings, self.context)
+    t = time.perf_counter()
+    measure_tasks(self.plan, self.measuring[0], self.measuring[1:], progress)
+    timing["measure_seconds"] = time.perf_counter() - t
+    timing["measured_this_run"] = len(target) - resumed
+    if timing["measured_this_run"]:
+      timing["seconds_per_mask"] = timing["measure_seconds"] / timing["measured_this_run"]
+    if objective.seconds:
+      # Training time in the unit of the other methods' cost: masks scored on every task, timed in this run.
+      timing["training_seconds"] = objective.seconds
+      if "seconds_per_mask" in timing:
+        timing["training_mask_evaluations"] = objective.seconds / timing["seconds_per_mask"]
+
+  def solve(self) -> None:
+    t = time.perf_counter()
+    self.solution = estimate(self.plan, self.stores, self.excluded)
+    design = self.solution.design
+    if design is not None and design.warning():
+      log.warning("%s", design.warning())
+    self.timing["solve_seconds"] = time.perf_counter() - t
+    files.save_array(os.path.join(self.settings.output_dir, "coefficients.npy"),
+                     self.solution.ranking.values.reshape(self.config.num_layers, self.per_layer))
+
+  def confirm(self) -> None:
+    """Universal units and the selection measured on documents the design never saw where they are checked alone
+    (held out; the identification documents when not validating), the selection confirmed on the identification
+    documents."""
+    settings, progress = self.settings, self.progress
+    t = time.perf_counter()
+    # The bars' totals (ETAs): estimates, raised when exceeded. In-sample with validation: the confirmation (the
+    # top-k together, a few units alone: most were measured by the method) and the top-k's curve.
+    held_out = validate.planned_masks(settings.top_k, settings.curve_k, settings.universal_candidates,
+                                      settings.selector != selection.RAW)
+    self.in_sample.expected = 3 * settings.top_k + 2 if settings.validate else held_out
+    self.in_sample.progress = "scoring on identification documents" if progress else None
+    self.confirming = self.in_sample
+    if settings.validate:
+      self.confirming = validate.Scorer([e.on(td.held_out) for e, td in zip(self.identification, self.tasks.all)],
+                                        self.metrics, progress="scoring on held-out documents" if progress else None,
+                                        expected=held_out)
+    try:
+      self.found = _find_heads(settings, self.solution, self.measuring, self.excluded, self.confirming, self.in_sample)
+    except BaseException:
+      self._close_scorers()
+      raise
+    self.timing["confirm_seconds"] = time.perf_counter() - t
+
+  def validate(self) -> None:
+    settings = self.settings
+    t = time.perf_counter()
+    try:
+      if settings.validate:
+        files.fault_point("validation")
+        self.ablation = _validate(settings, self.found, self.confirming, self.in_sample)
+    finally:
+      self._close_scorers()
+    self.timing["validate_seconds"] = time.perf_counter() - t
+    t = time.perf_counter()
+    self.confidence = _confidence(settings, settings.method_object, self.context, self.found, self.measuring,
+                                  self.excluded, self.progress)
+    self.timing["bootstrap_seconds"] = time.perf_counter() - t
+
+  def _close_scorers(self) -> None:
+    self.in_sample.close()
+    self.confirming.close()
+
+  def report(self) -> dict[str, Any]:
+    settings, engine, timing = self.settings, self.engine, self.timing
+    timing["total_seconds"] = time.perf_counter() - self.start
+    self.machine.update(peak.machine_facts(engine.dtype, at="end"))
+    per_layer, unit, c = self.per_layer, self.unit, self.config
+    payload = _heads_json(settings, per_layer, self.found, self.excluded, self.confidence, self.measuring,
+                          self.confirming)
+    for power in self.powers:
+      if power is not None:
+        payload["general_tasks"][task_label(power.task)]["power"] = power.facts()
+    design = self.solution.design
+    payload.update(num_layers=c.num_layers, timing=timing, machine=self.machine, model_provenance=self.provenance,
+                   design=None if design is None else design.facts(
+                       lambda h: unit_name(*divmod(int(h), per_layer), unit)),
+                   engine={"compilations": engine.compile_count - self.compiled_before,
+                           # tracing, lowering and XLA compiling (or reading a persistent-cache hit back), in seconds
+                           "compile_seconds": engine.compile_time.seconds - self.compile_before.seconds,
+                           "xla_compile_seconds": engine.compile_time.backend_seconds
+                           - self.compile_before.backend_seconds,
+                           "compile_cache_hits": engine.compile_time.cache_hits - self.compile_before.cache_hits,
+                           "seconds_per_mask": timing.get("seconds_per_mask"),
+                           "dtype": np.dtype(engine.model.dtype).name,
+                           "activation_dtype": np.dtype(engine.dtype).name,
+                           "float32_matmuls": engine.shared.matmul_precision,
+                           "devices": engine.mesh.size, "processes": jax.process_count()})
+    files.write_json(os.path.join(settings.output_dir, run_file(unit)), payload)
+    if settings.validate:  # after the run file: its compile counts and seconds are the localization's alone
+      examples.write(settings.output_dir, self.confirming, self.found.selected[:settings.top_k])
+    self.payload = files.jsonable(payload)  # as written
+    return self.payload
+
+
 def localize(engine, settings: LocalizeSettings, tasks: Tasks | None = None, *, progress: bool = True
              ) -> dict[str, Any]:
-  """Runs (or resumes) a localization and writes its outputs; returns the heads.json (neurons.json) payload. The run
-  holds its output directory (`files.hold_run_directory`): another run into it is refused."""
+  """Runs (or resumes) a localization on `engine`, every stage (`Localization`), and writes its outputs; returns the
+  heads.json (neurons.json) payload."""
+  scoring = engine_scoring_settings(engine)
   with files.hold_run_directory(settings.output_dir):
-    return _localize(engine, settings, tasks, progress)
-
-
-def _localize(engine, settings: LocalizeSettings, tasks: Tasks | None, progress: bool) -> dict[str, Any]:
-  tasks = tasks or load_tasks(settings)
-  method = settings.method_object
-  timing: dict[str, float] = {}
-  start = time.perf_counter()
-  machine = peak.machine_facts(engine.dtype)  # the matmul peak this run's seconds are read against
-  provenance = peak.provenance(engine)  # before measuring: nothing after the measuring may end the run
-  compiled_before, compile_before = engine.compile_count, dataclasses.replace(engine.compile_time)
-  c = engine.model_config
-  check_layout(settings, tasks, c)
-  unit = settings.unit
-  per_layer = units_per_layer(c, unit)
-  exclude = parse_units(settings.exclude_heads, c.num_layers, per_layer, unit)
-  settings.exclude_heads = [unit_name(*h, unit) for h in exclude]
-  excluded = designs.excluded_heads(settings.exclude_heads, c.num_layers * per_layer, num_heads=per_layer, unit=unit)
-
-  identification = [Evaluator.build(engine, t.name, t.task, t.docs, settings.ablation, unit, exact=True)
-                    for t in tasks.all]
-  _lay_out(settings, tasks, identification)
-  measuring = _open_stores(settings, tasks, identification, (c.num_layers, per_layer), engine_scoring_settings(engine))
-  resumed = len(measuring[0].store)
-  log.info("%s baseline %s = %.4f (%d samples)%s", settings.task, measuring[0].store.metric,
-           measuring[0].store.baseline, len(tasks.target.docs),
-           f"; resuming after {resumed} saved masks" if resumed else "")
-  metrics = [m.store.metric for m in measuring]
-  # The confirmation's decisions score the identification documents, and more of a general task's (its reserve) where
-  # its power or a straddling interval asks (`decisions`).
-  in_sample = validate.Scorer(identification, metrics, reserves=[t.reserve for t in tasks.all])
-  powers = confirm.powers(settings, in_sample, [m.store for m in measuring])
-  for power in powers:
-    if power is not None:
-      log.info("power to veto: %s", decisions.describe_power(task_label(power.task), power.facts()))
-  timing["setup_seconds"] = time.perf_counter() - start
-
-  def gradient() -> np.ndarray:
-    t = time.perf_counter()
-    change = identification[0].first_order_change()
-    timing["gradient_seconds"] = time.perf_counter() - t
-    return change
-
-  def attribution(steps: int) -> np.ndarray:
-    t = time.perf_counter()
-    scores = identification[0].attribution(steps, progress)
-    timing["attribution_seconds"] = time.perf_counter() - t
-    return scores
-
-  objective = RetainedProbability(identification)
-  context = methods.Context(c.num_layers, per_layer, excluded, gradient, objective, directory=settings.output_dir,
-                            attribution=attribution)
-  plan = method.plan(settings, context)
-  t = time.perf_counter()
-  measure(plan, measuring[0], measuring[1:], progress)
-  timing["measure_seconds"] = time.perf_counter() - t
-  timing["measured_this_run"] = len(measuring[0].store) - resumed
-  if timing["measured_this_run"]:
-    timing["seconds_per_mask"] = timing["measure_seconds"] / timing["measured_this_run"]
-  if objective.seconds:
-    # Training time in the unit of the other methods' cost: masks scored on every task, timed in this run.
-    timing["training_seconds"] = objective.seconds
-    if "seconds_per_mask" in timing:
-      timing["training_mask_evaluations"] = objective.seconds / timing["seconds_per_mask"]
-
-  design = aliasing.of_measurements(measuring[0].store.masks, excluded)
-  if design is not None and design.warning():
-    log.warning("%s", design.warning())
-
-  t = time.perf_counter()
-  ranking = plan.rank(measuring[0].store)
-  general_rankings = [specificity.estimate(plan, m.store) for m in measuring[1:]]
-  timing["solve_seconds"] = time.perf_counter() - t
-  files.save_array(os.path.join(settings.output_dir, "coefficients.npy"),
-                   ranking.values.reshape(c.num_layers, per_layer))
-
-  # Universal heads and single-head checks are measured on documents the design never saw (held out; the
-  # identification documents when not validating).
-  t = time.perf_counter()
-  # The bars' totals (ETAs): estimates, raised when exceeded. In-sample with validation: the confirmation (the top-k
-  # together, a few units alone: most were measured by the method) and the top-k's curve.
-  held_out = validate.planned_masks(settings.top_k, settings.curve_k, settings.universal_candidates,
-                                    settings.selection != "raw")
-  in_sample.expected = 3 * settings.top_k + 2 if settings.validate else held_out
-  in_sample.progress = "scoring on identification documents" if progress else None
-  confirming = in_sample
-  if settings.validate:
-    confirming = validate.Scorer([e.on(td.held_out) for e, td in zip(identification, tasks.all)], metrics,
-                                 progress="scoring on held-out documents" if progress else None, expected=held_out)
-  try:
-    found = _find_heads(settings, ranking, general_rankings, measuring, excluded, confirming, in_sample, design)
-    if settings.validate:
-      files.fault_point("validation")
-      _validate(settings, found, confirming, in_sample)
-  finally:
-    in_sample.close()
-    confirming.close()
-  timing["validate_seconds"] = time.perf_counter() - t
-
-  t = time.perf_counter()
-  conf = _confidence(settings, method, context, found, measuring, excluded, progress)
-  timing["bootstrap_seconds"] = time.perf_counter() - t
-  timing["total_seconds"] = time.perf_counter() - start
-  machine.update(peak.machine_facts(engine.dtype, at="end"))
-
-  payload = _heads_json(settings, per_layer, found, excluded, conf, measuring, confirming)
-  for power in powers:
-    if power is not None:
-      payload["general_tasks"][task_label(power.task)]["power"] = power.facts()
-  payload.update(num_layers=c.num_layers, timing=timing, machine=machine, model_provenance=provenance,
-                 design=None if design is None else design.facts(lambda h: unit_name(*divmod(int(h), per_layer), unit)),
-                 engine={"compilations": engine.compile_count - compiled_before,
-                         # tracing, lowering and XLA compiling (or reading a persistent-cache hit back), in seconds
-                         "compile_seconds": engine.compile_time.seconds - compile_before.seconds,
-                         "xla_compile_seconds": engine.compile_time.backend_seconds - compile_before.backend_seconds,
-                         "compile_cache_hits": engine.compile_time.cache_hits - compile_before.cache_hits,
-                         "seconds_per_mask": timing.get("seconds_per_mask"), "dtype": np.dtype(engine.model.dtype).name,
-                         "activation_dtype": np.dtype(engine.dtype).name,
-                         "float32_matmuls": engine.shared.matmul_precision,
-                         "devices": engine.mesh.size, "processes": jax.process_count()})
-  files.write_json(os.path.join(settings.output_dir, run_file(unit)), payload)
-  if settings.validate:  # after the run file: its compile counts and seconds are the localization's alone
-    examples.write(settings.output_dir, confirming, found.selected[:settings.top_k])
-  return payload
+    run = Localization.preflight(settings, tasks=tasks, config=engine.model_config, scoring=scoring)
+    return run.run(engine, progress)
 
 
 def _lay_out(settings: LocalizeSettings, tasks: Tasks, identification: list[Evaluator]) -> None:
@@ -282,15 +406,14 @@ def _open_stores(settings: LocalizeSettings, tasks: Tasks, identification: list[
   return [Measuring(store, evaluator) for store, evaluator in zip(stores, identification)]
 
 
-def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring: list[Measuring],
-                excluded: np.ndarray, confirming: validate.Scorer, identification: validate.Scorer,
-                design: aliasing.DesignDiagnostics | None) -> confirm.Found:
-  """Universal heads and the selection (`confirm.find_heads`: with general tasks and --selection=specific, confirmed
+def _find_heads(settings: LocalizeSettings, solution: Solution, measuring: list[Measuring], excluded: np.ndarray,
+                confirming: validate.Scorer, identification: validate.Scorer) -> confirm.Found:
+  """Universal heads and the selection (`conclude`: with general tasks and a confirmed selection rule, confirmed
   on the identification documents by single-head measurements and the top-k's together), then the first --curve_k
   selected heads ablated alone on the confirming documents (a neuron selection of hundreds is checked alone only at
   its head)."""
-  found = confirm.find_heads(settings, ranking, general_rankings, [m.store for m in measuring], excluded, confirming,
-                             identification, design, settings.output_dir)
+  found = conclude(settings, solution, [m.store for m in measuring], excluded, confirming, identification,
+                   settings.output_dir)
   missing = [h for h in found.selected[:settings.curve_k] if h not in found.alone]
   found.alone.update(zip(missing, validate.single_head_drops(missing, confirming)))
   if len(found.selected) < settings.top_k:
@@ -306,7 +429,7 @@ def _find_heads(settings: LocalizeSettings, ranking, general_rankings, measuring
 
 
 def _validate(settings: LocalizeSettings, found: confirm.Found, held_out: validate.Scorer,
-              identification: validate.Scorer) -> None:
+              identification: validate.Scorer) -> dict[str, Any]:
   """ablation.json: the selected heads ablated together on held-out documents (and in-sample, labelled), the
   specificity curves of the selection and of the raw ranking, the held-out single-head drops."""
   unit, name = held_out.unit, held_out.name
@@ -323,12 +446,13 @@ def _validate(settings: LocalizeSettings, found: confirm.Found, held_out: valida
                                          for h, drops in found.alone.items()},
       f"universal_{unit}": [name(h) for h in found.universal],
   }
-  if settings.selection != "raw":
-    raw = specificity.select(found.order, found.effects, np.zeros(len(found.ranking.values), bool), found.universal,
-                             "raw", 0.0, settings.curve_k)
+  if settings.selector != selection.RAW:
+    raw = selection.RAW.select(found.order, found.effects, np.zeros(len(found.ranking.values), bool),
+                               found.universal, settings.curve_k)
     ablation["raw_specificity_curve"] = validate.ablation_curve(raw, max(settings.curve_k, len(top)), held_out,
                                                                 also=[len(top)])
   files.write_json(os.path.join(settings.output_dir, "ablation.json"), ablation)
+  return files.jsonable(ablation)
 
 
 def _confidence(settings: LocalizeSettings, method, context: methods.Context, found: confirm.Found,
@@ -339,9 +463,9 @@ def _confidence(settings: LocalizeSettings, method, context: methods.Context, fo
 
   def select(rankings):
     drops = np.stack([specificity.relative_drops(r, m.store.baseline) for r, m in zip(rankings, measuring)])
-    return specificity.select([h for h in rankings[0].order if not excluded[h]],
-                              specificity.Effects(found.effects.tasks, drops), excluded, found.universal,
-                              settings.selection, settings.specific_max_general_drop, settings.top_k)
+    return settings.selector.select([h for h in rankings[0].order if not excluded[h]],
+                                    specificity.Effects(found.effects.tasks, drops), excluded, found.universal,
+                                    settings.top_k)
 
   return confidence.bootstrap(plans, [m.store for m in measuring], select, settings.top_k, settings.bootstrap,
                               settings.seed, progress)
@@ -381,7 +505,7 @@ def _heads_json(settings: LocalizeSettings, per_layer: int, found: confirm.Found
       "confirmation": None if found.confirmation is None else found.confirmation.facts(
           name, [task_label(m.evaluator.name) for m in measuring], settings.specific_max_general_drop),
       "top_k": [name(h) for h in found.selected[:settings.top_k]],
-      "selection": specificity.selection_rule(settings.selection, settings.specific_max_general_drop),
+      "selection": settings.selector.describe(),
       f"universal_{unit}": [name(h) for h in found.universal],
       "universal": {"rule": specificity.universal_rule(settings.universal_threshold, settings.universal_min_tasks),
                     "threshold": settings.universal_threshold, "min_tasks": settings.universal_min_tasks,

@@ -1,5 +1,6 @@
 """Everything a localization run depends on: `LocalizeSettings`, the run-wide settings (model, task, method, budget,
 selection, validation, bootstrap) and the method's own settings object.
+`selector` is the selection rule (`jaxloc.localize.selection`) that `selection` names.
 
 Its fields are `jaxloc.config.setting`s, so they are flags (`jaxloc.config.define_flags`) and keywords. It also holds
 the method: `method` is its name (what heads.json and run.json record), `method_object` the registered method
@@ -16,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from jaxloc.config import SEED, build_declared, check_fields, declared_flag_fields, flag_values, setting
 from jaxloc.errors import UserError
-from jaxloc.localize import methods
+from jaxloc.localize import methods, selection
 from jaxloc.localize.methods.base import Method
 from jaxloc.models.loading import SMOLLM2_ALIAS
 
@@ -74,7 +75,8 @@ class LocalizeSettings:
   selection: str = setting("specific", "specific: the target's best heads whose relative drop on every general task "
                            "is at most --specific_max_general_drop, each confirmed by ablating it alone on every "
                            "task's identification documents, the top-k also together (extra masks, counted); raw: "
-                           "the target ranking as is. Universal heads are left out of both.", choices=("specific", "raw"))
+                           "the target ranking as is. Universal heads are left out of both.",
+                           choices=selection.NAMES)
   specific_max_general_drop: float = setting(0.1, "--selection=specific: the largest relative drop on "
                                              "any general task a selected head may have.", lower=0.0, upper=1.0)
   specific_rule: str = setting("interval", "--selection=specific: how a confirmation decision reads each general "
@@ -158,6 +160,11 @@ class LocalizeSettings:
     defaults."""
     kept = self.flags() if changes.get("method", self.method) == self.method else self.run_wide_flags()
     return type(self).make(**{**kept, **changes})
+
+  @property
+  def selector(self) -> selection.Selection:
+    """The selection rule that --selection and --specific_max_general_drop name (`jaxloc.localize.selection`)."""
+    return selection.of(self.selection, self.specific_max_general_drop)
 
   def run_wide_flags(self) -> dict[str, Any]:
     return {name: getattr(self, f.name) for name, f in declared_flag_fields(type(self)).items()}

@@ -1,5 +1,6 @@
-"""Which heads are specific to the target and which are universal, from what every task measured under the
-same masks.
+"""Each unit's estimated effect on every task, from what every task measured under the same masks, and the
+universal-unit rule over those effects. It estimates; measuring is `validate`'s, deciding `confirm`'s, the selection
+rule `selection`'s.
 
 Axes: N heads flattened (flat = layer * H + head); `tasks` = the target first, then the general tasks.
 
@@ -15,13 +16,7 @@ Universal heads (the paper filters them; the rule is stated in heads.json and th
   `limit` of them, best-ranked on the target first, are ablated alone on documents the design never saw;
   those whose measured drops break the tasks are universal.
 
-Selection (`--selection`), always without excluded and universal heads, in the target's ranking order:
-  raw:      every head;
-  specific: heads with an estimate on every general task whose largest estimated general drop is at most
-            `max_general_drop` (`select`). With general tasks a run's selection is measured instead
-            (`confirm`: the target's ranking, each candidate ablated alone on every task); this estimated rule is
-            what the bootstrap re-selects with (no model evaluation per resample), and it continues a neuron
-            selection past its confirmed head.
+Selection (`--selection`) is `selection`'s: a rule object over these effects.
 """
 
 from __future__ import annotations
@@ -90,28 +85,6 @@ def universal_candidates(effects: Effects, order: Sequence[int], excluded: np.nd
   return [int(h) for h in order if flagged[h] and not excluded[h]][:limit]
 
 
-def select(order: Sequence[int], effects: Effects, excluded: np.ndarray, universal: Sequence[int], selection: str,
-           max_general_drop: float, count: int) -> list[int]:
-  """The first `count` heads of the target's `order` that `selection` allows (see the module docstring)."""
-  allowed = ~np.asarray(excluded, bool).copy()
-  allowed[list(universal)] = False
-  if selection == "specific" and len(effects.general):
-    general = effects.general
-    allowed &= ~np.isnan(general).any(axis=0)  # never measured on a general task: not allowed (within() lets NaN by)
-    allowed &= within(general.max(axis=0), max_general_drop)
-  elif selection not in ("specific", "raw"):
-    raise ValueError(f"unknown selection {selection!r}")
-  return [int(h) for h in order if allowed[h]][:count]
-
-
 def universal_rule(threshold: float, min_tasks: int) -> str:
   return (f"ablated alone, drops at least {min_tasks} tasks (target included) by ≥ {100 * threshold:.0f}% "
           "(relative): flagged from the design's estimates, confirmed by single-head ablation on held-out documents")
-
-
-def selection_rule(selection: str, max_general_drop: float) -> str:
-  if selection == "specific":
-    return (f"specific: the target's ranking, keeping units whose relative drop on every general task is "
-            f"≤ {100 * max_general_drop:.0f}% when each is ablated alone on the identification documents (measured, "
-            "not estimated); excluded and universal units left out")
-  return "raw: the target's ranking; excluded and universal units left out"

@@ -1,5 +1,9 @@
-"""After identification: ablate units (heads, or neurons) on documents and measure every task (held-out
-documents in a run).
+"""Measuring fixed ablations: units (heads, or neurons) ablated alone or together on a document set, every task
+measured (`Measures`, and `Scorer` over a run's evaluators), and the ablation curves of an order with their
+intervals. Its job is measuring; what a run concludes from the measurements is elsewhere: `specificity` estimates
+effects from the design and flags universal units, `selection` is the rule for which units may be reported,
+`confirm` decides the selection by these measurements (identification documents), and the run's validate stage
+reports them on held-out documents (`run.Localization.validate`).
 
 Axes: `k` (0 = unablated, then the first 1, 2, ... units of an order ablated together; past
 `EVERY_K_UP_TO` a geometric ladder of k), `layers`, `units` (per layer).

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from jaxloc import cli, files
 from jaxloc.api.model import load
 from jaxloc.bench import patching
@@ -26,9 +28,8 @@ class BenchmarkPatchingConfig(patching.PatchingConfig):
 
 def main(config: BenchmarkPatchingConfig) -> dict:
   flags = cli.settings_from_flags(cli.ModelFlags)
-  dtype = None if flags.dtype == "auto" else flags.dtype
-  model = load(flags.model, dtype=dtype, cache_dir=None if flags.cache_dir == "none" else flags.cache_dir)
-  torch_model = load_hf_model(flags.model, dtype or "float32") if config.torch_baseline else None
+  model = load(flags.model, dtype=flags.dtype, cache_dir=None if flags.cache_dir == "none" else flags.cache_dir)
+  torch_model = load_hf_model(flags.model, np.dtype(model.loaded.dtype).name) if config.torch_baseline else None
   report = {"patching": patching.patching(model, config, torch_model)}
   print(patching.format_patching(report["patching"]), flush=True)  # before the second part, which takes longer
   report["many_masks"] = patching.many_masks(model, config)

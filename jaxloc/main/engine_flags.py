@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 
-import jax.numpy as jnp
-
 from jaxloc import cli
 from jaxloc.engine import mesh as mesh_lib
 from jaxloc.engine.config import EngineConfig
@@ -27,10 +25,9 @@ def engine_from_flags() -> Engine:
 def load_engine(model_flags: cli.ModelFlags, config: EngineConfig) -> Engine:
   """Loads `model_flags.model` and builds an Engine with `config` on a mesh over every device."""
   mesh = mesh_lib.make_mesh(model_flags.model_parallel)
-  dtype = None if model_flags.dtype == "auto" else getattr(jnp, model_flags.dtype)
   cache_dir = None if model_flags.cache_dir == "none" else model_flags.cache_dir
   sharding_for = mesh_lib.param_sharding_for(mesh) if model_flags.model_parallel > 1 else None
-  model = load_model(model_flags.model, dtype=dtype, cache_dir=cache_dir, sharding_for=sharding_for)
+  model = load_model(model_flags.model, dtype=model_flags.dtype, cache_dir=cache_dir, sharding_for=sharding_for)
   logging.info("loaded %s (%d layers x %d heads) in %.1fs", model_flags.model, model.config.num_layers,
                model.config.num_heads, model.load_seconds)
   return Engine(model, config, mesh=mesh)

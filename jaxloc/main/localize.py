@@ -22,14 +22,15 @@ import numpy as np
 from absl import flags
 
 from jaxloc import cli, files
-from jaxloc.api import run_localization
+from jaxloc.api.runs import execute
 from jaxloc.config import nested, setting
 from jaxloc.engine.config import EngineConfig
 from jaxloc.localize import methods
-from jaxloc.localize.preflight import check_layout, check_resume, load_tasks, saved_masks, scoring_settings
+from jaxloc.localize.preflight import saved_masks, scoring_settings
+from jaxloc.localize.run import Localization
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.main import engine_flags
-from jaxloc.models.loading import default_dtype, read_config
+from jaxloc.models.loading import resolve_dtype
 from jaxloc.report.summary import summary_table
 
 
@@ -41,14 +42,14 @@ class LocalizeConfig:
 
 def main(config: LocalizeConfig) -> None:
   settings = config.settings
-  # Every user error that needs no model weights is reported before they load: the settings and the tasks, names and
-  # counts checked against the model's config, the output directory (held from here on), a resume's settings.
-  tasks = load_tasks(settings)
-  check_layout(settings, tasks, read_config(settings.model))
+  # Every user error that needs no model weights is reported before they load (the preflight stage): the settings
+  # and the tasks, names and counts checked against the model's config, the output directory (held from here on), a
+  # resume's settings. The engine then runs the other stages.
+  localization = Localization.preflight(settings)
   with files.hold_run_directory(settings.output_dir):
-    check_resume(settings, tasks, _flag_scoring_settings())
+    localization.check_resume(_flag_scoring_settings())
     engine = engine_flags.engine_from_flags()
-    run = run_localization(engine, settings=settings, tasks=tasks, progress=config.progress)
+    run = execute(localization, engine, progress=config.progress)
   print(summary_table(run.info, run.ablation))
   print(f"outputs in {settings.output_dir}")
 
@@ -56,9 +57,9 @@ def main(config: LocalizeConfig) -> None:
 def _flag_scoring_settings() -> dict[str, Any]:
   """`preflight.scoring_settings` of the engine that `engine_flags.engine_from_flags` builds, from the flags alone."""
   model_flags, engine_config = cli.settings_from_flags(cli.ModelFlags), cli.settings_from_flags(EngineConfig)
-  dtype = np.dtype(default_dtype()).name if model_flags.dtype == "auto" else model_flags.dtype
-  activation = dtype if engine_config.activation_dtype == "auto" else engine_config.activation_dtype
-  return scoring_settings(dtype, activation, engine_config.share_prefix, engine_config.float32_matmuls)
+  dtype = np.dtype(resolve_dtype(model_flags.dtype)).name
+  return scoring_settings(dtype, engine_config.activations_for(dtype), engine_config.share_prefix,
+                          engine_config.float32_matmuls)
 
 
 def define_flags() -> None:

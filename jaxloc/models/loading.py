@@ -55,6 +55,20 @@ def default_dtype():
   return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
+def resolve_dtype(dtype: Any = None) -> Any:
+  """The parameter/compute dtype a model loads in, the one place "auto" is decided: None or "auto" is
+  `default_dtype()`; a name ("float32", "bfloat16", "float16") its JAX scalar type; a dtype as given. A UserError
+  names an unknown name."""
+  if dtype is None or (isinstance(dtype, str) and dtype == "auto"):
+    return default_dtype()
+  if not isinstance(dtype, str):
+    return dtype
+  try:
+    return jnp.dtype(dtype).type
+  except TypeError:
+    raise UserError(f"unknown dtype {dtype!r}; valid: auto, float32, bfloat16, float16") from None
+
+
 def resolve(spec: str) -> tuple[str, str]:
   """(kind, path) for a model spec; kind is 'gguf', 'hf_dir' or 'hub'."""
   if spec in packaged.PACKAGED:
@@ -236,13 +250,14 @@ def load_model(spec: str, *, dtype=None, cache_dir: str | None = "", sharding_fo
                with_tokenizer: bool = True) -> LoadedModel:
   """Loads `spec` (alias, .gguf path, HF directory or hub id) into a LoadedModel.
 
-  dtype: parameter/compute dtype (default: float32 on CPU, bfloat16 on accelerators).
+  dtype: parameter/compute dtype, a name or a dtype (`resolve_dtype`: None or "auto" is float32 on CPU, bfloat16 on
+    accelerators).
   cache_dir: where converted parameters (orbax) and tokenizers are cached; "" means the default
     ($JAXLOC_CACHE or ~/.cache/jaxloc), None disables the cache.
   sharding_for: (parameter path, shape) -> jax Sharding, to place (e.g. tensor-parallel) leaves as they load.
   """
   start = time.perf_counter()
-  dtype = dtype or default_dtype()
+  dtype = resolve_dtype(dtype)
   if spec.startswith(presets.PREFIX):
     config = presets.preset_config(spec)
     module = Transformer(config, param_dtype=dtype)

@@ -5,7 +5,7 @@ said."""
 
 import numpy as np
 
-from jaxloc.localize import confirm, decisions, specificity
+from jaxloc.localize import confirm, decisions, selection, specificity
 from jaxloc.localize.methods import Measured, Ranking
 from jaxloc.localize.settings import LocalizeSettings
 
@@ -165,8 +165,8 @@ def _find(selection="specific", unit="heads", known_heads=(), **overrides):
 
 
 def test_the_selection_is_what_measurement_confirms_not_what_the_estimates_say():
-  estimated = specificity.select(list(range(6)), specificity.Effects(["target", "general"], np.array(
-      [[0.6, 0.5, 0.4, 0.3, 0.2, 0.1], [0.0, 0.5, 0.0, 0.0, 0.0, 0.0]])), np.zeros(6, bool), [], "specific", 0.1, 2)
+  estimated = selection.Specific(0.1).select(list(range(6)), specificity.Effects(["target", "general"], np.array(
+      [[0.6, 0.5, 0.4, 0.3, 0.2, 0.1], [0.0, 0.5, 0.0, 0.0, 0.0, 0.0]])), np.zeros(6, bool), [], 2)
   assert estimated == [0, 2]  # what the estimates alone would call specific
   found, scorer = _find()
   assert found.selected == [1, 2] and found.confirmation.rejected == [0]

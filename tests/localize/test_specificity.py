@@ -4,7 +4,7 @@ under the same masks (no model)."""
 import numpy as np
 import pytest
 
-from jaxloc.localize import confidence, methods, specificity
+from jaxloc.localize import confidence, methods, selection, specificity
 from jaxloc.localize.methods import Measured, Ranking
 from tests.localize.helpers import context, drive, run, settings
 
@@ -42,7 +42,7 @@ def test_a_drop_equal_to_a_bound_meets_it():
   assert specificity.breaks(np.array([[0.1 + 0.2, 0.3]]), 0.3, 2)[0]  # 0.30000000000000004 and 0.3
   assert not specificity.breaks(np.array([[0.2999, 0.3]]), 0.3, 2)[0]
   effects = specificity.Effects(["t", "g"], np.array([[0.9, 0.8], [exact, 0.11]]))
-  assert specificity.select([0, 1], effects, np.zeros(2, bool), [], "specific", 0.1, 2) == [0]
+  assert selection.Specific(0.1).select([0, 1], effects, np.zeros(2, bool), [], 2) == [0]
 
 
 def test_specific_selection_skips_heads_that_hurt_or_were_never_measured_on_a_general_task():
@@ -51,10 +51,10 @@ def test_specific_selection_skips_heads_that_hurt_or_were_never_measured_on_a_ge
       [0.5, 0.0, 0.05, np.nan, 0.0],
       [0.0, 0.0, 0.2, 0.0, 0.0]]))
   order, excluded = [0, 1, 2, 3, 4], np.zeros(5, bool)
-  assert specificity.select(order, effects, excluded, [], "specific", 0.1, 5) == [1, 4]
-  assert specificity.select(order, effects, excluded, [0], "raw", 0.1, 3) == [1, 2, 3]
+  assert selection.Specific(0.1).select(order, effects, excluded, [], 5) == [1, 4]
+  assert selection.RAW.select(order, effects, excluded, [0], 3) == [1, 2, 3]
   excluded[1] = True
-  assert specificity.select(order, effects, excluded, [], "specific", 0.3, 5) == [2, 4]
+  assert selection.Specific(0.3).select(order, effects, excluded, [], 5) == [2, 4]
   assert specificity.universal_candidates(effects, order, np.zeros(5, bool), 0.3, 2, 10) == [0]
 
 
@@ -71,8 +71,8 @@ def test_every_method_estimates_each_task_from_the_same_masks(method, options):
   order = [int(h) for h in ranking.order]
   assert order[0] == SHARED
   assert specificity.universal_candidates(effects, order, np.zeros(N, bool), 0.3, 2, 5) == [SHARED]
-  assert specificity.select(order, effects, np.zeros(N, bool), [], "specific", 0.1, 1) == [SPECIFIC]
-  assert specificity.select(order, effects, np.zeros(N, bool), [], "raw", 0.1, 1) == [SHARED]
+  assert selection.Specific(0.1).select(order, effects, np.zeros(N, bool), [], 1) == [SPECIFIC]
+  assert selection.RAW.select(order, effects, np.zeros(N, bool), [], 1) == [SHARED]
 
 
 def test_a_general_task_that_never_moves_has_no_effect_anywhere():
