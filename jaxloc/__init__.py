@@ -31,11 +31,11 @@ _EXPORTS = {
     "EngineConfig": "jaxloc.engine.config",
     "get_task": "jaxloc.tasks.registry",
     "task_names": "jaxloc.tasks.registry",
-    "evaluate_heads": "jaxloc.evaluate",
-    "evaluate_masks": "jaxloc.evaluate",
-    "keep_mask": "jaxloc.heads",
-    "head_name": "jaxloc.heads",
-    "parse_heads": "jaxloc.heads",
+    "evaluate_heads": "jaxloc.fixed_ablation",
+    "evaluate_masks": "jaxloc.fixed_ablation",
+    "keep_mask": "jaxloc.units",
+    "head_name": "jaxloc.units",
+    "parse_heads": "jaxloc.units",
     "LocalizeSettings": "jaxloc.localize.settings",
     "load": "jaxloc.api",
     "from_hf": "jaxloc.api",
@@ -56,8 +56,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
   from jaxloc.engine.config import EngineConfig  # noqa: F401
   from jaxloc.engine.engine import Engine  # noqa: F401
   from jaxloc.errors import UserError  # noqa: F401
-  from jaxloc.evaluate import evaluate_heads, evaluate_masks  # noqa: F401
-  from jaxloc.heads import head_name, keep_mask, parse_heads  # noqa: F401
+  from jaxloc.fixed_ablation import evaluate_heads, evaluate_masks  # noqa: F401
+  from jaxloc.units import head_name, keep_mask, parse_heads  # noqa: F401
   from jaxloc.localize.settings import LocalizeSettings  # noqa: F401
   from jaxloc.models.loading import LoadedModel, load_model  # noqa: F401
   from jaxloc.tasks.registry import get_task, task_names  # noqa: F401

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloc.errors import UserError
-from jaxloc.heads import parse_units, unit_name
+from jaxloc.units import parse_units, unit_name
 from jaxloc.localize.designs import make_design
 from jaxloc.models.config import ModelConfig
 

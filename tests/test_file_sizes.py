@@ -1,5 +1,5 @@
 """Every module of the package stays small enough to read and says what it is for: under 500 lines, and a module
-docstring (the job it owns) in every file that holds code. A file that grows past the limit is split by
+docstring (the job it owns) in every module, package `__init__`s included. A file that grows past the limit is split by
 responsibility, as `lasso/solver.py` (the public API) and `lasso/fista.py` (the iteration) were."""
 
 import ast
@@ -26,6 +26,6 @@ def test_every_module_is_under_500_lines():
   assert not too_long, f"split these by responsibility (lines ≥ {MAX_LINES}): {too_long}"
 
 
-def test_every_module_with_code_has_a_docstring():
-  missing = [path for path in MODULES if _read(path).strip() and not ast.get_docstring(ast.parse(_read(path)))]
+def test_every_module_has_a_docstring():
+  missing = [path for path in MODULES if not ast.get_docstring(ast.parse(_read(path)))]
   assert not missing, f"these modules need a docstring saying which job they own: {missing}"

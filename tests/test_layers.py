@@ -13,10 +13,11 @@ import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jaxloc")
 
-# Lower number = lower floor. Modules at the package root (config, errors, files, heads, logs, masks, cli, evaluate)
+# Lower number = lower floor. Modules at the package root (config, errors, files, units, logs, masks, cli,
+# fixed_ablation)
 # sit where their imports put them; `configs` is the packaged flagfiles.
-FLOOR = {"config": 0, "configs": 0, "errors": 0, "files": 0, "heads": 0, "logs": 0, "models": 1, "engine": 2,
-         "sandbox": 3, "tasks": 3, "lasso": 3, "localize": 4, "evaluate": 4, "masks": 4, "studies": 5, "bench": 5,
+FLOOR = {"config": 0, "configs": 0, "errors": 0, "files": 0, "units": 0, "logs": 0, "models": 1, "engine": 2,
+         "sandbox": 3, "tasks": 3, "lasso": 3, "localize": 4, "fixed_ablation": 4, "masks": 4, "studies": 5, "bench": 5,
          "report": 6, "api": 7, "cli": 7, "main": 8}
 
 # Third-party packages a function may import where it needs them, and why (each is optional, or too heavy to load

@@ -31,7 +31,7 @@ from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import GenerationRequest, ScoringRequest
 from jaxloc.errors import UserError
-from jaxloc.heads import parse_unit
+from jaxloc.units import parse_unit
 from jaxloc.masks import MaskSet, Names
 from jaxloc.models import checkpoints
 from jaxloc.models.config import ModelConfig, config_from_hf

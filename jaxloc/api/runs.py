@@ -22,9 +22,9 @@ import numpy as np
 from jaxloc import files
 from jaxloc.engine.engine import Engine
 from jaxloc.errors import UserError
-from jaxloc.heads import run_file
+from jaxloc.units import run_file
 from jaxloc.localize.preflight import engine_scoring_settings
-from jaxloc.localize.run import Localization, Tasks
+from jaxloc.localize.localization import Localization, Tasks
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.report.page import write_page
 from jaxloc.report.plots import write_plots
@@ -32,7 +32,8 @@ from jaxloc.report.plots import write_plots
 
 @dataclasses.dataclass
 class Run:
-  """A finished localization run, read from its output directory (the output contract: measurements.npz, heads.json, ablation.json).
+  """A finished localization run, read from its output directory (the output contract: measurements.npz, heads.json,
+  ablation.json).
 
   info: heads.json (model, task, method, metric, heads ranked most important first, top_k, flags, timing, ...), or
   neurons.json for a `--unit=neurons` run (the same with "neurons" for "heads").
@@ -78,10 +79,12 @@ class Run:
 def finished_run(localization: Localization) -> Run:
   """The `Run` a localization just made, from what it holds in memory (equal to `read_run` of its directory)."""
   store = localization.stores[0]
-  coefficients = localization.solution.ranking.values.reshape(localization.config.num_layers,
-                                                              localization.per_layer)
-  return Run(localization.settings.output_dir, localization.payload, localization.ablation,
-             np.asarray(coefficients), store.masks.copy(), np.asarray(store.scores).copy(), float(store.baseline),
+  solution, payload, baseline = localization.solution, localization.payload, store.baseline
+  if solution is None or payload is None or baseline is None:
+    raise ValueError("this localization has not reported yet: run its stages first (Localization.run)")
+  coefficients = solution.ranking.values.reshape(localization.config.num_layers, localization.per_layer)
+  return Run(localization.settings.output_dir, payload, localization.ablation, np.asarray(coefficients),
+             store.masks.copy(), np.asarray(store.scores).copy(), float(baseline),
              {k: v.copy() for k, v in store.metrics.items()})
 
 
@@ -111,14 +114,13 @@ def run_localization(engine: Engine, task: str | None = None, output_dir: str | 
                      **fields: Any) -> Run:
   """Localizes `task` on `engine`'s model, writes the outputs and plots to `output_dir`, and returns them.
 
-  Settings are the flags of `experiments.localize` (`--helpfull` lists them with their defaults): give them as
-  keywords, the method's own included (`method=..., num_masks=60, general_tasks=["plurals"]`, a learned mask's
-  `mask_steps=30`), or as a whole `settings` object (`LocalizeSettings.make(...)`). A keyword that is neither a
-  run-wide setting nor one of the method's is an error naming the valid ones. Re-running with the same settings
-  resumes an interrupted run. `tasks` are the run's documents when already loaded
-  (`jaxloc.localize.preflight.load_tasks(settings)`). The stages (`jaxloc.localize.run.Localization`) run in order;
-  the returned `Run` is the one made in memory, not read back.
-  """
+  Settings are the flags of `experiments.localize` (`--helpfull` lists them with their defaults): give them as keywords,
+  the method's own included (`method=..., num_masks=60, general_tasks=["plurals"]`, a learned mask's `mask_steps=30`),
+  or as a whole `settings` object (`LocalizeSettings.make(...)`). A keyword that is neither a run-wide setting nor one
+  of the method's is an error naming the valid ones. Re-running with the same settings resumes an interrupted run.
+  `tasks` are the run's documents when already loaded (`jaxloc.localize.preflight.load_tasks(settings)`). The stages
+  (`jaxloc.localize.localization.Localization`) run in order; the returned `Run` is the one made in memory, not read
+  back."""
   if settings is None:
     settings = LocalizeSettings.make(**{"model": engine.model.name, "task": task, "output_dir": output_dir, **fields})
   elif task is not None or output_dir is not None or fields:

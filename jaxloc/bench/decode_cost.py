@@ -1,6 +1,6 @@
 """Bytes a decode step moves, by XLA's own graph, against the floor a decode step cannot go under.
 
-A step of `generation.decode` feeds one token per row through the model: it must read the weights once (the LM
+A step of `generation_kernels.decode` feeds one token per row through the model: it must read the weights once (the LM
 head included; an untied embedding only at the fed tokens), each mask slot's prefix keys/values once for all of its
 rows, and each row's own cache up to the span. That is the floor (`floor_bytes`); the goal is a step within 1.5x of
 it.
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc.bench import memory
-from jaxloc.engine import generation
+from jaxloc.engine import generation_kernels
 from jaxloc.engine.generator import CHUNK_STEPS
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.decoder import Transformer
@@ -264,8 +264,9 @@ def step_cost(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, ca
   span = span or cache
   module = Transformer(c, param_dtype=dtype)
   params = memory._params(c, dtype)  # noqa: SLF001  (the abstract parameter tree of memory.py)
-  state = generation.slot_shapes(c, dtype, slots=slots, rows=rows, prefix=prefix, cache=cache, new=new)
-  decode = jax.jit(functools.partial(generation.decode, module, c, dtype=dtype), static_argnames=("steps", "span"),
+  state = generation_kernels.slot_shapes(c, dtype, slots=slots, rows=rows, prefix=prefix, cache=cache, new=new)
+  decode = jax.jit(functools.partial(generation_kernels.decode, module, c, dtype=dtype), static_argnames=("steps",
+                                                                                                          "span"),
                    donate_argnums=(1,))
   lowered = decode.lower(params, state, sds((2,), i32), sds((c.vocab_size, 16), i32),
                          sds((c.vocab_size, 16), jnp.bool_), sds((), i32), steps=1, span=span)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from jaxloc.heads import head_name
+from jaxloc.units import head_name
 from jaxloc.localize.methods.base import Context, rank_by
 
 

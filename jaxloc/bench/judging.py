@@ -12,7 +12,7 @@ import numpy as np
 from jaxloc.bench.problems import Problem
 from jaxloc.bench.variants import MethodRun
 from jaxloc.localize import confirm
-from jaxloc.localize import run as localization
+from jaxloc.localize import localization
 from jaxloc.localize.methods import Measured
 
 
@@ -53,9 +53,9 @@ def measured_on(problem: Problem, masks: np.ndarray) -> Measured:
 
 def runner_selection(run: MethodRun, problem: Problem, judging: Judging) -> confirm.Found:
   """The heads a run of this method would report, from the run's own solve and confirm stages
-  (`localize.run.estimate`, `localize.run.conclude`): the general tasks scored under the method's masks on their
-  identification documents and estimated by its plan, universal heads confirmed on the held-out documents, the
-  selection confirmed on the identification documents."""
+  (`localize.localization.estimate`, `localize.localization.conclude`): the general tasks scored under the method's
+  masks on their identification documents and estimated by its plan, universal heads confirmed on the held-out
+  documents, the selection confirmed on the identification documents."""
   names = [problem.name, *judging.names]
   general = [measured_on(identification, run.measured.masks) for _, identification, _ in judging.general]
   metrics = [run.measured.metric, *(p.headline_metric for _, p, _ in judging.general)]

@@ -12,8 +12,8 @@ and the step's peak is the larger of the two (the keys/values are alive in both)
 that peak and should be within 25% over it.
 
 Generation likewise (`generation_plan`, `compare_generation`): the generator's layout of a job in mask slots and row
-slots (`Planner.generation_slots`) against the peak of its calls (prefill of the prefix, loading masks, inserting
-rows, decoding), each compiled as the generator jits it with its state (`generation.slot_shapes`) donated: a call's
+slots (`Planner.generation_slots`) against the peak of its calls (prefill of the prefix, loading masks, inserting rows,
+decoding), each compiled as the generator jits it with its state (`generation_kernels.slot_shapes`) donated: a call's
 bytes beyond the parameters are its temporaries, outputs and arguments with an output that reuses the donated state
 counted once, plus what the job keeps alive that the call does not take (`generation_xla_bytes`).
 
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloc.engine import batching, generation, planner, scoring
+from jaxloc.engine import batching, generation_kernels, planner, scoring_kernels
 from jaxloc.engine.generator import CHUNK_STEPS
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.layers import Context
@@ -80,8 +80,8 @@ def task_shape(name: str, tokenizer, num_samples: int = 100, max_positions: int 
   """The shape of a registered task's scoring requests (its first `num_samples` documents) under `tokenizer`."""
   task = get_task(name)
   requests = task.requests(task.load_docs(num_samples=num_samples), tokenizer)
-  tokenized = scoring.tokenize(tokenizer, requests, max_positions)
-  prefix = scoring.shared_prefix_length(tokenized)
+  tokenized = scoring_kernels.tokenize(tokenizer, requests, max_positions)
+  prefix = scoring_kernels.shared_prefix_length(tokenized)
   suffixes = np.array([len(s) - prefix for s in tokenized.sequences])
   return TaskShape(name, len(requests), float(suffixes.mean()), int(suffixes.max()), prefix,
                    int(tokenized.num_targets.max()))
@@ -144,16 +144,16 @@ def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, c
   seq = batching.bucket(seq)
   tokens = sds((requests, seq), jnp.int32)
   flat = sds((requests * targets,), jnp.int32)
-  rows = scoring.Rows(tokens, tokens, tokens, flat, flat, sds((requests * targets, requests), jnp.float32))
+  rows = scoring_kernels.Rows(tokens, tokens, tokens, flat, flat, sds((requests * targets, requests), jnp.float32))
   result = {"prefix": 0, "scoring": 0}
   kv = None
   if context:
-    prefix_fn = jax.jit(functools.partial(scoring.prefix_context, module, dtype=dtype))
+    prefix_fn = jax.jit(functools.partial(scoring_kernels.prefix_context, module, dtype=dtype))
     result["prefix"] = compiled_bytes(prefix_fn.lower(params, ablation, sds((context,), jnp.int32)))
     kv_shape = (config.num_layers, masks, context, config.num_kv_heads, config.head_dim)
     kv = Context(sds(kv_shape, dtype), sds(kv_shape, dtype), sds((masks, 1, context), jnp.bool_),
                  sds((1, 1, context), jnp.int32))
-  score_fn = jax.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
+  score_fn = jax.jit(functools.partial(scoring_kernels.score_chunk, module, config, dtype=dtype))
   result["scoring"] = compiled_bytes(score_fn.lower(params, ablation, kv, rows), param_bytes(config, dtype))
   result["peak"] = max(result["prefix"], result["scoring"])
   return result
@@ -207,9 +207,9 @@ def generation_plan(config: ModelConfig, shape: GenerationShape, dtype, memory_b
 
 def generation_spans(cache: int) -> tuple[int, ...]:
   """The spans a decode call of a `cache`-wide job is compiled at: the whole cache, and the largest span below it
-  that the generator reads (`generation.decode_span`)."""
+  that the generator reads (`generation_kernels.decode_span`)."""
   below = batching.bucket_coarse_below(cache // 3 + 1)
-  return (cache, below) if below > CHUNK_STEPS and generation.decode_span(below, cache) == below else (cache,)
+  return (cache, below) if below > CHUNK_STEPS and generation_kernels.decode_span(below, cache) == below else (cache,)
 
 
 def _nbytes(tree) -> int:
@@ -220,8 +220,8 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
                          stop_states: int = 16, inserted: int | None = None) -> dict[str, int]:
   """XLA's bytes beyond the parameters of a generation job's calls at this layout, each compiled as the generator
   jits it (the state donated). A call's bytes are its temporaries, outputs and non-parameter arguments
-  (`compiled_bytes`), plus what the job keeps alive that the call does not take: the state (`generation.Slots`),
-  the unablated prefix (`generation.unablated_prefix`, kept while masks load) and the stop-string tables.
+  (`compiled_bytes`), plus what the job keeps alive that the call does not take: the state (`generation_kernels.Slots`),
+  the unablated prefix (`generation_kernels.unablated_prefix`, kept while masks load) and the stop-string tables.
 
     prefix       the unablated prefill of the prefix (the state is alive)
     load         `load_masks` of as many masks as one call loads (`Planner.load_masks`), resuming from the
@@ -234,7 +234,7 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
   module = Transformer(c, param_dtype=dtype)
   params, params_size = _params(c, dtype), param_bytes(c, dtype)
   cache = suffix + new
-  state = generation.slot_shapes(c, dtype, slots=slots, rows=rows, prefix=prefix, cache=cache, new=new)
+  state = generation_kernels.slot_shapes(c, dtype, slots=slots, rows=rows, prefix=prefix, cache=cache, new=new)
   tables = (sds((2,), i32), sds((c.vocab_size, stop_states), i32), sds((c.vocab_size, stop_states), jnp.bool_))
   unablated = (sds((c.num_layers, prefix, c.hidden_size), dtype),
                sds((c.num_layers, prefix, c.num_kv_heads, c.head_dim), dtype),
@@ -246,19 +246,21 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
 
   result = {}
   jit = functools.partial(jax.jit, keep_unused=True)  # every parameter an argument, as `params_size` counts them
-  prefix_fn = jit(functools.partial(generation.unablated_prefix, module, dtype=dtype))
+  prefix_fn = jit(functools.partial(generation_kernels.unablated_prefix, module, dtype=dtype))
   result["prefix"] = call(prefix_fn, sds((prefix,), i32), alive=("state", "tables"))
-  load_fn = jit(functools.partial(generation.load_masks, module, dtype=dtype), donate_argnums=(1,))
+  load_fn = jit(functools.partial(generation_kernels.load_masks, module, dtype=dtype), donate_argnums=(1,))
   loaded = planner.Planner(c, GIB, 65536, jnp.dtype(dtype).itemsize).load_masks(slots, prefix)
   masks = Ablation(head_mask=sds((loaded, c.num_layers, c.num_heads), dtype))
   result["load"] = call(load_fn, state, sds((loaded,), i32), masks, sds((prefix,), i32), (sds((), i32), *unablated),
                         alive=("tables",))
-  insert_fn = jit(functools.partial(generation.insert_rows, module, c, dtype=dtype), static_argnames=("pad_id",),
+  insert_fn = jit(functools.partial(generation_kernels.insert_rows, module, c, dtype=dtype),
+                  static_argnames=("pad_id",),
                       donate_argnums=(1,))
   inserted = inserted or rows
   result["insert"] = call(insert_fn, state, sds((slots, inserted), i32), sds((slots, inserted, suffix), i32),
                           sds((slots, inserted), i32), alive=("unablated", "tables"), pad_id=0)
-  decode_fn = jit(functools.partial(generation.decode, module, c, dtype=dtype), static_argnames=("steps", "span"),
+  decode_fn = jit(functools.partial(generation_kernels.decode, module, c, dtype=dtype), static_argnames=("steps",
+                                                                                                         "span"),
                   donate_argnums=(1,))
   for span in generation_spans(cache):
     result[f"decode_{span}"] = call(decode_fn, state, *tables, sds((), i32), alive=("unablated",), steps=CHUNK_STEPS,

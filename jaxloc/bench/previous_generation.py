@@ -29,7 +29,7 @@ from jaxloc.engine.masks import Fills, Masks, check_fills, check_masks, start_la
 from jaxloc.engine.mesh import to_host
 from jaxloc.engine.planner import GIB
 from jaxloc.engine.requests import GenerationRequest
-from jaxloc.engine.shared import Shared
+from jaxloc.engine.resources import SharedResources
 from jaxloc.errors import UserError
 from jaxloc.models.layers import Context
 from jaxloc.models.decoder import Ablation, OutputSpec, Resume, lm_logits
@@ -146,7 +146,7 @@ def generation_rows(planner, prompt_len: int, max_new: int, pairs: int, platform
 class PreviousGenerator:
   """The generator before shared-prefix generation: `generate` and `generate_tokens` as `Engine` had them."""
 
-  def __init__(self, shared: Shared):
+  def __init__(self, shared: SharedResources):
     self.shared = shared
     module, config, dtype = shared.module, shared.model_config, shared.placement.dtype
     self._generate_fn = shared.jit(functools.partial(greedy_generate, module, config, dtype=dtype),

@@ -19,7 +19,7 @@ import numpy as np
 from jaxloc.bench.mask_cache import MaskCache
 from jaxloc.errors import UserError
 from jaxloc.bench.simulator import SyntheticResponse
-from jaxloc.tasks.evaluation import Evaluator, RetainedProbability
+from jaxloc.tasks.evaluator import Evaluator, RetainedProbability
 
 
 @dataclasses.dataclass

@@ -17,12 +17,12 @@ from typing import Any
 import jax.numpy as jnp
 
 from jaxloc.bench import decode_cost, memory
-from jaxloc.engine import batching, generation, planner
+from jaxloc.engine import batching, generation_kernels, planner
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.generator import CHUNK_STEPS
 from jaxloc.localize import methods
-from jaxloc.localize.run import localize
+from jaxloc.localize.localization import localize
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.models import presets
 from jaxloc.models.config import ModelConfig
@@ -132,9 +132,10 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
                                                job.stop_states, plans.insert_rows(slots, rows, suffix))
   module = Transformer(config, param_dtype=compile_dtype)
   params = memory._params(config, compile_dtype)  # noqa: SLF001  (the abstract parameter tree of memory.py)
-  decode = jax.jit(functools.partial(generation.decode, module, config, dtype=compile_dtype),
+  decode = jax.jit(functools.partial(generation_kernels.decode, module, config, dtype=compile_dtype),
                    static_argnames=("steps", "span"), donate_argnums=(1,))
-  state = generation.slot_shapes(config, compile_dtype, slots=slots, rows=rows, prefix=prefix, cache=suffix + new,
+  state = generation_kernels.slot_shapes(config, compile_dtype, slots=slots, rows=rows, prefix=prefix,
+                                         cache=suffix + new,
                                  new=new)
   costs = _costs(decode.lower(params, state, sds((2,), jnp.int32), sds((config.vocab_size, job.stop_states), jnp.int32),
                               sds((config.vocab_size, job.stop_states), jnp.bool_), sds((), jnp.int32),

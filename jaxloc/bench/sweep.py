@@ -38,12 +38,12 @@ from jaxloc.bench.variants import (Variant, budget_masks, context, default_varia
                                    parse_variant, run_settings, run_variant)
 from jaxloc.config import SEED, setting
 from jaxloc.errors import UserError
-from jaxloc.heads import head_name
+from jaxloc.units import head_name
 from jaxloc.localize import methods, validate
 from jaxloc.localize.methods.base import single_head_plan
 from jaxloc.localize.methods.greedy import IterativeGreedyPlan
 from jaxloc.localize.settings import LocalizeSettings
-from jaxloc.tasks.evaluation import Evaluator, load_task_split, RetainedProbability
+from jaxloc.tasks.evaluator import Evaluator, load_task_split, RetainedProbability
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from jaxloc.engine.requests import GenerationRequest, ScoringRequest
 from jaxloc.localize import designs
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.torch_reference import load_hf_model
-from jaxloc.tasks import arithmetic, evaluation
+from jaxloc.tasks import arithmetic, evaluator
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ def humaneval_prompts(tokenizer, num_prompts: int) -> tuple[list[str], str]:
   """The generation workload's prompts and their format: HumanEval through the chat template (`humaneval`) when
   the tokenizer has one, else a base model's plain completion prompts (`humaneval_solutions`' contexts)."""
   chat = bool(getattr(tokenizer, "chat_template", None))
-  task, docs = evaluation.load_task("humaneval" if chat else "humaneval_solutions", num_samples=num_prompts, seed=0,
+  task, docs = evaluator.load_task("humaneval" if chat else "humaneval_solutions", num_samples=num_prompts, seed=0,
                                     data_dir=None)
   return [r.context for r in task.requests(docs, tokenizer)], "chat template" if chat else "plain completion"
 
@@ -242,7 +242,7 @@ def run_workloads(engine: Engine, cfg: "ThroughputConfig", torch_model, peak: fl
   c = engine.model_config
   prompts, prompt_format = humaneval_prompts(engine.tokenizer, cfg.workload_generation_prompts)
   engines = {"jaxloc": engine, "previous_engine": previous_engine(engine)}
-  task, docs = evaluation.load_task("plurals", num_samples=cfg.workload_samples, seed=0, data_dir=None)
+  task, docs = evaluator.load_task("plurals", num_samples=cfg.workload_samples, seed=0, data_dir=None)
   requests = task.requests(docs, engine.tokenizer)
   design = designs.stratified_design(cfg.default_masks, c.num_head_total, 0.1, 0)
   keep = (~design).astype(np.float32).reshape(-1, c.num_layers, c.num_heads)

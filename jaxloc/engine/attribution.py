@@ -3,7 +3,7 @@ model's mean unit outputs (the fill values of mean ablation).
 
 Axes: `masks` M (Mb per call), `requests` R (Rb per call), `seq` S, `targets` T, `slots` N (requests of a call),
 `layers` L, `heads` H, `mlp` F, `head_dim` Dh. The kernels are pure functions jitted once per shape by `Attribution`;
-requests are laid out as for scoring (`scoring.py`), and the planner sizes integrated-gradients calls.
+requests are laid out as for scoring (`scoring_kernels.py`), and the planner sizes integrated-gradients calls.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import numpy as np
 from jax.typing import DTypeLike
 from numpy.typing import ArrayLike
 
-from jaxloc.engine import batching, scoring
+from jaxloc.engine import batching, scoring_kernels
 from jaxloc.engine.masks import check_fills, check_masks
 from jaxloc.engine.mesh import to_host
 from jaxloc.engine.requests import ScoringRequest
-from jaxloc.engine.scoring import Rows, prefix_context, score_chunk, target_logprob
-from jaxloc.engine.shared import Shared
+from jaxloc.engine.scoring_kernels import Rows, prefix_context, score_chunk, target_logprob
+from jaxloc.engine.resources import SharedResources
 from jaxloc.errors import UserError
 from jaxloc.models.layers import Context
 from jaxloc.models.config import ModelConfig
@@ -126,7 +126,7 @@ def unit_sums(module: Any, params: Any, tokens: jax.Array, segments: jax.Array, 
 class Attribution:
   """The attribution job of an engine (`Engine.mask_objective`, `neuron_attribution`, `ablation_means`)."""
 
-  def __init__(self, shared: Shared):
+  def __init__(self, shared: SharedResources):
     self.shared = shared
     module, config, dtype = shared.module, shared.model_config, shared.placement.dtype
     self._objective_fn = shared.jit(functools.partial(mask_objective_and_grad, module, config, dtype=dtype),
@@ -197,13 +197,14 @@ class Attribution:
     if steps < 1:
       raise UserError(f"integrated gradients need at least 1 step, got {steps}")
     shared, place, c = self.shared, self.shared.placement, self.shared.model_config
-    tokenized = scoring.tokenize(shared.model.tokenizer, requests, c.max_position_embeddings)
-    prefix_len = scoring.shared_prefix_length(tokenized) if shared.config.share_prefix else 0
+    tokenized = scoring_kernels.tokenize(shared.model.tokenizer, requests, c.max_position_embeddings)
+    prefix_len = scoring_kernels.shared_prefix_length(tokenized) if shared.config.share_prefix else 0
     rows = shared.planner.attribution_rows(
         suffix=batching.bucket(max(len(s) for s in tokenized.sequences) - prefix_len), context=prefix_len,
         targets=int(tokenized.num_targets.max()), steps=steps, num_requests=len(requests))
-    one_per_row, width = scoring.arrange(tokenized, prefix_len, pack=False)
-    lay = scoring.layout(tokenized, one_per_row, rows, prefix_len, shared.pad_id, width)  # one width: one compile
+    one_per_row, width = scoring_kernels.arrange(tokenized, prefix_len, pack=False)
+    lay = scoring_kernels.layout(tokenized, one_per_row, rows, prefix_len, shared.pad_id,
+                                 width)  # one width: one compile
     prefix = place.prefix(lay.prefix)
     fill = place.fills(check_fills(c, None, neuron_fill)).neurons
     out = np.zeros((len(requests), c.num_layers, c.intermediate_size), np.float32)
@@ -223,7 +224,7 @@ class Attribution:
     """Mean attention output of every head [L, H, Dh] and mean value of every neuron [L, F] over all tokens of
     `requests` (unablated model): the fill values of mean ablation."""
     shared, place, c = self.shared, self.shared.placement, self.shared.model_config
-    tokenized = scoring.tokenize(shared.model.tokenizer, requests, c.max_position_embeddings)
+    tokenized = scoring_kernels.tokenize(shared.model.tokenizer, requests, c.max_position_embeddings)
     order = np.argsort([len(s) for s in tokenized.sequences])
     head_total = np.zeros((c.num_layers, c.num_kv_heads, c.queries_per_kv, c.head_dim), np.float64)
     neuron_total = np.zeros((c.num_layers, c.intermediate_size), np.float64)

@@ -11,7 +11,7 @@ ablated) convert with `keep = 1 - ablated`.
     texts = engine.generate(requests, head_masks)  # [M][R] strings, cut at stop strings
     plain = Engine(model, dataclasses.replace(engine.config, pack=False))  # a variant, same budgets
 
-`Engine` is a facade over one job per module, sharing one `Shared` (placement, planner, caches, stats):
+`Engine` is a facade over one job per module, sharing one `SharedResources` (placement, planner, caches, stats):
 scoring (`scorer.py`), generation (`generator.py`) and attribution (`attribution.py`: the mask objective,
 integrated gradients, mean-ablation statistics). Everything per call is one jitted function; shapes are bucketed
 (`batching.py`) and shared between request sets (`layouts.py`) so a run compiles a handful of times, and
@@ -36,7 +36,7 @@ from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.generator import Generator
 from jaxloc.engine.masks import Masks, start_layers
 from jaxloc.engine.scorer import Scorer
-from jaxloc.engine.shared import EngineStats, Shared
+from jaxloc.engine.resources import EngineStats, SharedResources
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.loading import LoadedModel
 
@@ -54,7 +54,8 @@ class Engine:
   """
 
   def __init__(self, model: LoadedModel, config: EngineConfig | None = None, *, mesh: jax.sharding.Mesh | None = None):
-    self.shared = Shared.build(model, config or EngineConfig(), mesh if mesh is not None else mesh_lib.make_mesh())
+    self.shared = SharedResources.build(model, config or EngineConfig(),
+                                        mesh if mesh is not None else mesh_lib.make_mesh())
     self.scorer = Scorer(self.shared)
     self.generator = Generator(self.shared)
     self.attribution = Attribution(self.shared)

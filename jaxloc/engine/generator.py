@@ -1,12 +1,12 @@
 """The generation job of an engine: greedy continuations of many prompts under many masks, cut at stop strings.
 
-Axes as in `generation.py`: `masks` M, `requests` R; a job decodes Ms masks at once in mask slots, each with Rs row
-slots of (mask, prompt) pairs. The prompts' longest shared token prefix (a task's few-shot examples) is prefilled once
-per mask and kept once per mask slot; each row keeps only its own suffix and new tokens. Decoding runs in chunks of
+Axes as in `generation_kernels.py`: `masks` M, `requests` R; a job decodes Ms masks at once in mask slots, each with Rs
+row slots of (mask, prompt) pairs. The prompts' longest shared token prefix (a task's few-shot examples) is prefilled
+once per mask and kept once per mask slot; each row keeps only its own suffix and new tokens. Decoding runs in chunks of
 `CHUNK_STEPS` steps; between chunks the host takes the tokens of rows that ended (EOS, a stop string, the token
 budget), fills their row slots with the mask's pending prompts, and when a mask has none left and its rows have all
 ended, loads the next mask into the slot: a call stays full until the work runs out. A chunk reads each row's cache
-up to a bucketed span of the longest live row where that span is short (`generation.decode_span`).
+up to a bucketed span of the longest live row where that span is short (`generation_kernels.decode_span`).
 
 How many slots fit comes from the planner's estimate (`Planner.generation_slots`); where that estimate comes near the
 memory budget, the decode call is compiled ahead of time and XLA's own `memory_analysis()` decides (the executable is
@@ -28,13 +28,13 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from numpy.typing import ArrayLike
 
-from jaxloc.engine import batching, generation, stops as stop_strings
+from jaxloc.engine import batching, generation_kernels, stops as stop_strings
 from jaxloc.engine.masks import Fills, Masks, check_fills, check_masks, start_layers
 from jaxloc.engine.mesh import DATA, to_host
 from jaxloc.engine.planner import GIB, GenerationSlots
 from jaxloc.engine.requests import GenerationRequest
-from jaxloc.engine.scoring import MIN_SHARED_PREFIX
-from jaxloc.engine.shared import Shared
+from jaxloc.engine.scoring_kernels import MIN_SHARED_PREFIX
+from jaxloc.engine.resources import SharedResources
 from jaxloc.errors import UserError
 from jaxloc.models.decoder import Ablation
 
@@ -76,20 +76,21 @@ class Job:
 class Generator:
   """`Engine.generate` and `Engine.generate_tokens`."""
 
-  def __init__(self, shared: Shared):
+  def __init__(self, shared: SharedResources):
     self.shared = shared
     module, config, dtype = shared.module, shared.model_config, shared.placement.dtype
-    self._prefix_fn = shared.jit(functools.partial(generation.unablated_prefix, module, dtype=dtype))
-    self._load_fn = shared.jit(functools.partial(generation.load_masks, module, dtype=dtype), donate_argnums=(1,))
-    self._insert_fn = shared.jit(functools.partial(generation.insert_rows, module, config, dtype=dtype),
+    self._prefix_fn = shared.jit(functools.partial(generation_kernels.unablated_prefix, module, dtype=dtype))
+    self._load_fn = shared.jit(functools.partial(generation_kernels.load_masks, module, dtype=dtype),
+                               donate_argnums=(1,))
+    self._insert_fn = shared.jit(functools.partial(generation_kernels.insert_rows, module, config, dtype=dtype),
                                  static_argnames=("pad_id",), donate_argnums=(1,))
-    self._decode_fn = shared.jit(functools.partial(generation.decode, module, config, dtype=dtype),
+    self._decode_fn = shared.jit(functools.partial(generation_kernels.decode, module, config, dtype=dtype),
                                  static_argnames=("steps", "span"), donate_argnums=(1,))
     self.jitted = (self._prefix_fn, self._load_fn, self._insert_fn, self._decode_fn)
     self._stop_cache: dict[tuple[str, ...], tuple[jax.Array, ...]] = {}
     self._token_strings: list[str] | None = None
     self._layouts: dict = {}  # (masks, docs, prefix, suffix, new, kinds) -> GenerationSlots, measured once
-    self._makers: dict = {}  # a state's shapes -> its compiled maker (`generation.empty_slots`)
+    self._makers: dict = {}  # a state's shapes -> its compiled maker (`generation_kernels.empty_slots`)
 
   def _stop_tables(self, stops: tuple[str, ...]) -> tuple[jax.Array, ...]:
     """Device tables of the stop-string automaton for `stops` (cached; the vocabulary is decoded once)."""
@@ -111,7 +112,7 @@ class Generator:
 
   # --- the state's arrays, their shardings and shapes -----------------------------------------------------------
 
-  def _shardings(self, state_like: generation.Slots) -> generation.Slots:
+  def _shardings(self, state_like: generation_kernels.Slots) -> generation_kernels.Slots:
     """Each array of a `Slots` split over the data axis along its mask-slot axis (fills and scalars replicated)."""
     mesh = self.shared.placement.mesh
 
@@ -120,7 +121,7 @@ class Generator:
 
     replicated: Any = NamedSharding(mesh, PartitionSpec())
     ablation = state_like.ablation
-    return generation.Slots(
+    return generation_kernels.Slots(
         ablation=Ablation(None if ablation.head_mask is None else along(0),
                           None if ablation.head_fill is None else replicated,
                           None if ablation.neuron_mask is None else along(0),
@@ -129,9 +130,9 @@ class Generator:
         cache_k=tuple(along(0) for _ in state_like.cache_k), cache_v=tuple(along(0) for _ in state_like.cache_v),
         length=along(0), current=along(0), tokens=along(0), count=along(0), done=along(0), automaton=along(0))
 
-  def _abstract(self, job: Job, masks: Masks, fill: Fills) -> generation.Slots:
+  def _abstract(self, job: Job, masks: Masks, fill: Fills) -> generation_kernels.Slots:
     """The state of `job` as shapes and dtypes (`jax.ShapeDtypeStruct`s with their shardings)."""
-    state = generation.slot_shapes(
+    state = generation_kernels.slot_shapes(
         self.shared.model_config, self.shared.placement.dtype, slots=job.layout.slots, rows=job.layout.rows,
         prefix=job.prefix, cache=job.cache, new=job.new, heads=masks.heads is not None,
         neurons=masks.neurons is not None, head_fill=masks.heads is not None and fill.heads is not None,
@@ -139,14 +140,14 @@ class Generator:
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), state,
                         self._shardings(state))
 
-  def _empty(self, job: Job, masks: Masks, fill: Fills) -> generation.Slots:
+  def _empty(self, job: Job, masks: Masks, fill: Fills) -> generation_kernels.Slots:
     """A state of `job` with every row ended and every mask slot keeping everything, made on the devices (one
     compiled maker per shape)."""
     abstract = self._abstract(job, masks, fill)
     leaves, tree = jax.tree.flatten(abstract)
     key = (tree, tuple((x.shape, str(x.dtype)) for x in leaves))
     if key not in self._makers:
-      self._makers[key] = jax.jit(functools.partial(generation.empty_slots, abstract),
+      self._makers[key] = jax.jit(functools.partial(generation_kernels.empty_slots, abstract),
                                   out_shardings=jax.tree.map(lambda s: s.sharding, abstract))
     fills = self.shared.placement.fills(fill)
     return self._makers[key](fills.heads if abstract.ablation.head_fill is not None else None,
@@ -155,7 +156,7 @@ class Generator:
 
   # --- planning -------------------------------------------------------------------------------------------------
 
-  def _decode_args(self, state: generation.Slots, tables: tuple[jax.Array, ...],
+  def _decode_args(self, state: generation_kernels.Slots, tables: tuple[jax.Array, ...],
                    eos_ids: jax.Array) -> tuple[Any, ...]:
     return (self.shared.placement.params, state, eos_ids, tables[0], tables[1], jnp.int32(0))
 
@@ -243,7 +244,7 @@ class Generator:
       state = self._insert(state, suffixes, suffix_width, pending, live, doc_of, length)
       if not live.any():
         break
-      span = generation.decode_span(int(length[live].max()) + CHUNK_STEPS, job.cache)
+      span = generation_kernels.decode_span(int(length[live].max()) + CHUNK_STEPS, job.cache)
       args = self._decode_args(state, tables, eos_ids)[:-1] + (budget,)
       state = self._decode_fn.executable(*args, steps=CHUNK_STEPS, span=span)(*args)
       shared.stats.calls += 1
@@ -260,9 +261,10 @@ class Generator:
           progress(int(ended.sum()))
     shared.stats.seconds += time.perf_counter() - start
 
-  def _load(self, state: generation.Slots, free: list[int], order: collections.deque[int], mask_of: np.ndarray,
+  def _load(self, state: generation_kernels.Slots, free: list[int], order: collections.deque[int], mask_of: np.ndarray,
             pending: list[collections.deque[int]], docs: Sequence[int], masks: Masks, starts: np.ndarray,
-            unablated: tuple[jax.Array, jax.Array, jax.Array] | None, prefix_tokens: jax.Array) -> generation.Slots:
+            unablated: tuple[jax.Array, jax.Array, jax.Array] | None, prefix_tokens: jax.Array
+            ) -> generation_kernels.Slots:
     """Loads the next masks of `order` into the mask slots `free`, in calls of at most the planner's masks
     (`Planner.load_masks`; padding entries point past the slots)."""
     place = self.shared.placement
@@ -287,9 +289,9 @@ class Generator:
       self.shared.stats.calls += 1
     return state
 
-  def _insert(self, state: generation.Slots, suffixes: dict[int, list[int]], width: int,
+  def _insert(self, state: generation_kernels.Slots, suffixes: dict[int, list[int]], width: int,
               pending: list[collections.deque[int]], live: np.ndarray, doc_of: np.ndarray,
-              length: np.ndarray) -> generation.Slots:
+              length: np.ndarray) -> generation_kernels.Slots:
     """Fills every free row slot of each mask slot with its mask's pending prompts, in calls of at most the
     planner's rows per mask slot (`Planner.insert_rows`: a prefill of `tokens_per_batch` tokens)."""
     slots, rows = live.shape

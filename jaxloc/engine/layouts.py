@@ -1,8 +1,8 @@
 """Request sets laid out for scoring, and the few compiled shapes they share.
 
-A request set is tokenized, its shared prefix found, its suffixes packed into rows (`scoring.arrange`) and cut into
-chunks of equal size (`scoring.layout`); a chunk's arrays and the masks per call make its `CallShape`, and every
-distinct shape is one more compile of each scoring kernel (the prefix, the chunk, the unablated residual streams).
+A request set is tokenized, its shared prefix found, its suffixes packed into rows (`scoring_kernels.arrange`) and cut
+into chunks of equal size (`scoring_kernels.layout`); a chunk's arrays and the masks per call make its `CallShape`, and
+every distinct shape is one more compile of each scoring kernel (the prefix, the chunk, the unablated residual streams).
 
 A run scores many request sets: every task's identification documents and its held-out ones, subsets of them for
 gradients and learned masks, in any mix of tasks. Left to itself each would get a shape of its own. Two rules keep
@@ -17,7 +17,7 @@ the count to a handful per run:
     caller scores in a few calls only (held-out documents: validation and single-head checks) takes one at up to
     ADOPT_SLACK_FEW_CALLS more, since padding a few calls costs less than a compile.
 
-Axes: `masks` Mb, `requests` (token rows) Rb, `seq` S, `context` P, `targets` T, `slots` N (as in `scoring.py`).
+Axes: `masks` Mb, `requests` (token rows) Rb, `seq` S, `context` P, `targets` T, `slots` N (as in `scoring_kernels.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxloc.engine import scoring
+from jaxloc.engine import scoring_kernels
 from jaxloc.engine.batching import bucket, bucket_count, bucket_pow2
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.planner import GIB, Planner, ScoringBatches
@@ -63,9 +63,9 @@ class CallShape:
 
 
 class Layouts:
-  """Request sets tokenized, arranged in rows (`scoring.arrange`), cut into chunks (`scoring.layout`, padded with
-  `pad_id`) and given a call shape (module docstring), kept per request set, oldest dropped first; `shapes` are the
-  packed shapes laid out so far, in order."""
+  """Request sets tokenized, arranged in rows (`scoring_kernels.arrange`), cut into chunks (`scoring_kernels.layout`,
+  padded with `pad_id`) and given a call shape (module docstring), kept per request set, oldest dropped first; `shapes`
+  are the packed shapes laid out so far, in order."""
 
   def __init__(self, model: LoadedModel, config: EngineConfig, planner: Planner, pad_id: int):
     self.model, self.config, self.planner, self.pad_id = model, config, planner, pad_id
@@ -78,7 +78,7 @@ class Layouts:
     self.shapes: list[CallShape] = []
 
   def prepare(self, requests: Sequence[ScoringRequest], few_calls: bool = False, pin: bool = False
-              ) -> tuple[scoring.ScoringLayout, ScoringBatches]:
+              ) -> tuple[scoring_kernels.ScoringLayout, ScoringBatches]:
     """Tokenizes and lays out a request set (cached: localization scores one set many times); `few_calls`: the
     caller will score it in a few calls only, so it may pad into a larger shape laid out before (module
     docstring). The first call's layout is kept (the MAX_LAYOUTS most recent sets'); with `pin`, for good, so that a
@@ -94,8 +94,8 @@ class Layouts:
     if not requests:
       raise UserError("no requests to score")
     c = self.model.config
-    tokenized = scoring.tokenize(self.model.tokenizer, requests, c.max_position_embeddings)
-    prefix_len = scoring.shared_prefix_length(tokenized) if self.config.share_prefix else 0
+    tokenized = scoring_kernels.tokenize(self.model.tokenizer, requests, c.max_position_embeddings)
+    prefix_len = scoring_kernels.shared_prefix_length(tokenized) if self.config.share_prefix else 0
     if self.config.pack:
       lay, shape, taken = self._packed(tokenized, prefix_len, ADOPT_SLACK_FEW_CALLS if few_calls else ADOPT_SLACK)
       plan = ScoringBatches(shape.masks, shape.rows, shape.estimated_bytes)
@@ -123,8 +123,8 @@ class Layouts:
     tokens = shape.rows * shape.width * (1 + self._key_cost * (shape.width + shape.prefix))
     return chunks * (tokens + shape.targets * self._target_cost) + shape.prefix * (1 + self._key_cost * shape.prefix)
 
-  def _packed(self, tokenized: scoring.TokenizedRequests, prefix_len: int, slack: float
-              ) -> tuple[scoring.ScoringLayout, CallShape, bool]:
+  def _packed(self, tokenized: scoring_kernels.TokenizedRequests, prefix_len: int, slack: float
+              ) -> tuple[scoring_kernels.ScoringLayout, CallShape, bool]:
     """The layout in the cheapest shape laid out before that costs at most `slack` more than the request set's
     own shape, else in its own (then remembered); and whether the shape was taken from before."""
     own, own_rows = self._own_shape(tokenized, prefix_len)
@@ -140,14 +140,15 @@ class Layouts:
     shape, rows = (best[1], best[2]) if best is not None else (own, own_rows)
     if shape not in self.shapes:
       self.shapes.append(shape)
-    lay = scoring.layout(tokenized, rows, shape.rows, shape.prefix, self.pad_id, shape.width, slots=shape.slots,
+    lay = scoring_kernels.layout(tokenized, rows, shape.rows, shape.prefix, self.pad_id, shape.width, slots=shape.slots,
                          targets=shape.targets)
     return lay, shape, taken
 
-  def _own_shape(self, tokenized: scoring.TokenizedRequests, prefix_len: int) -> tuple[CallShape, list[list[int]]]:
-    """The request set's own shape and rows: packed at the width that computes least (`scoring.arrange`), in equal
-    chunks of as many rows as the planner allows (rounded up to `bucket_count`), slots and targets bucketed."""
-    rows, width = scoring.arrange(tokenized, prefix_len, True, self._key_cost)
+  def _own_shape(self, tokenized: scoring_kernels.TokenizedRequests, prefix_len: int
+                 ) -> tuple[CallShape, list[list[int]]]:
+    """The request set's own shape and rows: packed at the width that computes least (`scoring_kernels.arrange`), in
+    equal chunks of as many rows as the planner allows (rounded up to `bucket_count`), slots and targets bucketed."""
+    rows, width = scoring_kernels.arrange(tokenized, prefix_len, True, self._key_cost)
     row_targets = max(int(tokenized.num_targets[row].sum()) for row in rows)
 
     def plan(num_rows: int) -> ScoringBatches:
@@ -161,11 +162,12 @@ class Layouts:
       chunks = -(-len(rows) // batches.requests_per_call)
       per_chunk = min(bucket_count(-(-len(rows) // chunks)), batches.requests_per_call)
       batches = plan(per_chunk)
-    slots, targets = scoring.chunk_sizes(tokenized, rows, per_chunk)
+    slots, targets = scoring_kernels.chunk_sizes(tokenized, rows, per_chunk)
     return CallShape(prefix_len, per_chunk, width, bucket(targets), bucket(slots), batches.masks_per_call,
                      batches.estimated_bytes), rows
 
-  def _fit(self, tokenized: scoring.TokenizedRequests, prefix_len: int, shape: CallShape) -> list[list[int]] | None:
+  def _fit(self, tokenized: scoring_kernels.TokenizedRequests, prefix_len: int,
+           shape: CallShape) -> list[list[int]] | None:
     """The request set's rows in `shape` (first fit at its width, after its prefix), or None where they do not fit:
     a longer prefix than the set shares, a suffix wider than the rows, a chunk with more slots or targets, or
     targets per row that would take the call over the memory budget."""
@@ -174,21 +176,21 @@ class Layouts:
     lengths = np.array([len(s) - shape.prefix - 1 for s in tokenized.sequences])
     if lengths.max() > shape.width:
       return None
-    rows = scoring.first_fit(lengths, shape.width)
-    slots, targets = scoring.chunk_sizes(tokenized, rows, shape.rows)
+    rows = scoring_kernels.first_fit(lengths, shape.width)
+    slots, targets = scoring_kernels.chunk_sizes(tokenized, rows, shape.rows)
     if slots > shape.slots or targets > shape.targets:
       return None
     row_targets = max(int(tokenized.num_targets[row].sum()) for row in rows)
     needed = self.planner.activation_bytes(shape.masks, shape.rows, shape.width, shape.prefix, bucket_pow2(row_targets))
     return rows if needed <= self.planner.call_budget else None
 
-  def _unpacked(self, tokenized: scoring.TokenizedRequests, prefix_len: int
-                ) -> tuple[scoring.ScoringLayout, ScoringBatches]:
+  def _unpacked(self, tokenized: scoring_kernels.TokenizedRequests, prefix_len: int
+                ) -> tuple[scoring_kernels.ScoringLayout, ScoringBatches]:
     """One request per row, shortest first, in equal chunks each as wide as its longest row (bucketed)."""
-    rows, width = scoring.arrange(tokenized, prefix_len, False)
+    rows, width = scoring_kernels.arrange(tokenized, prefix_len, False)
     row_tokens = [len(tokenized.sequences[row[0]]) - prefix_len - 1 for row in rows]
     plan = self.planner.scoring(num_requests=len(rows), mean_seq=float(np.mean(row_tokens)), max_seq=width,
                                 context=prefix_len, max_targets=int(tokenized.num_targets.max()))
     chunks = -(-len(rows) // plan.requests_per_call)
     per_chunk = -(-len(rows) // chunks)
-    return scoring.layout(tokenized, rows, per_chunk, prefix_len, self.pad_id), plan
+    return scoring_kernels.layout(tokenized, rows, per_chunk, prefix_len, self.pad_id), plan

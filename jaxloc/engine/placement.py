@@ -16,7 +16,7 @@ from jax.typing import ArrayLike
 
 from jaxloc.engine import mesh as mesh_lib
 from jaxloc.engine.masks import Fills, Masks
-from jaxloc.engine.scoring import Rows
+from jaxloc.engine.scoring_kernels import Rows
 from jaxloc.models.decoder import Ablation
 
 # The token-row arrays of a scoring call; its targets stay replicated.

@@ -156,7 +156,8 @@ class ScoringBatches:
 
 @dataclasses.dataclass(frozen=True)
 class GenerationSlots:
-  """How a generation job is laid out: `slots` masks decoded at once, `rows` row slots each (`generation.py`)."""
+  """How a generation job is laid out: `slots` masks decoded at once, `rows` row slots each
+  (`generation_kernels.py`)."""
 
   slots: int
   rows: int

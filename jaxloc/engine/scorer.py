@@ -2,7 +2,8 @@
 
 Axes: `masks` M (Mb per call), `requests` R. Masks are grouped by the first layer they ablate: a batch starts there
 from the unablated model's residual streams of its request set, kept in the shared residual cache when they fit.
-The compiled kernels are `scoring.py`'s; the layouts and call sizes come from the shared `Layouts` and `Planner`.
+The compiled kernels are `scoring_kernels.py`'s; the layouts and call sizes come from the shared `Layouts` and
+`Planner`.
 """
 
 from __future__ import annotations
@@ -17,17 +18,18 @@ import jax
 import numpy as np
 from numpy.typing import ArrayLike
 
-from jaxloc.engine import scoring
+from jaxloc.engine import scoring_kernels
 from jaxloc.engine.batching import bucket_pow2
 from jaxloc.engine.masks import check_fills, check_masks, start_layers
 from jaxloc.engine.mesh import to_host
 from jaxloc.engine.planner import GIB
 from jaxloc.engine.requests import ScoreOutputs, ScoringRequest
-from jaxloc.engine.shared import Shared
+from jaxloc.engine.resources import SharedResources
 
 log = logging.getLogger(__name__)
 
-# A chunk's unablated residual streams (`scoring.unablated_residuals`): the prefix's (None without one), the rows'.
+# A chunk's unablated residual streams (`scoring_kernels.unablated_residuals`): the prefix's (None without one), the
+# rows'.
 Streams = tuple[jax.Array | None, jax.Array]
 
 
@@ -58,12 +60,12 @@ def call_size(needed: int, planned: int, compiled: set[int], full_call_seconds: 
 class Scorer:
   """`Engine.score` and `Engine.score_batches`."""
 
-  def __init__(self, shared: Shared):
+  def __init__(self, shared: SharedResources):
     self.shared = shared
     module, config, dtype = shared.module, shared.model_config, shared.placement.dtype
-    self._prefix_fn = shared.jit(functools.partial(scoring.prefix_context, module, dtype=dtype))
-    self._score_fn = shared.jit(functools.partial(scoring.score_chunk, module, config, dtype=dtype))
-    self._residuals_fn = shared.jit(functools.partial(scoring.unablated_residuals, module, dtype=dtype))
+    self._prefix_fn = shared.jit(functools.partial(scoring_kernels.prefix_context, module, dtype=dtype))
+    self._score_fn = shared.jit(functools.partial(scoring_kernels.score_chunk, module, config, dtype=dtype))
+    self._residuals_fn = shared.jit(functools.partial(scoring_kernels.unablated_residuals, module, dtype=dtype))
     self.jitted = (self._prefix_fn, self._score_fn, self._residuals_fn)
     self._too_big: set[Hashable] = set()  # request sets whose streams did not fit the residual cache (warned once)
     self._sizes: dict[Hashable, set[int]] = {}  # call shape -> the masks per call compiled for it (`call_size`)
@@ -82,8 +84,8 @@ class Scorer:
     compiled = self._compiled() - compile_time.cache_hits
     return kernels * compile_time.seconds / compiled if compiled > 0 else None
 
-  def _residual_streams(self, requests: Sequence[ScoringRequest], lay: scoring.ScoringLayout,
-                        chunks: list[tuple[scoring.Chunk, scoring.Rows]]) -> list[Streams] | None:
+  def _residual_streams(self, requests: Sequence[ScoringRequest], lay: scoring_kernels.ScoringLayout,
+                        chunks: list[tuple[scoring_kernels.Chunk, scoring_kernels.Rows]]) -> list[Streams] | None:
     """The unablated residual streams of a laid-out request set, per chunk (computed once per request set and chunk
     shape, whatever the number of masks; kept while the residual cache has room, least recently used dropped
     first); None when they cannot fit it."""
@@ -123,8 +125,8 @@ class Scorer:
 
     Masks are evaluated grouped by the first layer they ablate (a stable sort, so masks already in that order keep
     it): a batch starts at its lowest first ablated layer, from the unablated residual streams, when they fit the
-    residual cache, and each mask in it at its own (`scoring.score_chunk`'s `mask_starts`), so a mask's scores do
-    not depend on the masks that share its call. Every call takes the layout's number of masks (the last is padded
+    residual cache, and each mask in it at its own (`scoring_kernels.score_chunk`'s `mask_starts`), so a mask's scores
+    do not depend on the masks that share its call. Every call takes the layout's number of masks (the last is padded
     with unablated ones), or the shape's one smaller size when all the masks fit it (`call_size`), unless `exact`:
     then always the layout's, so that a mask's scores are bit for bit the same in any call of the request set (a
     call's size picks XLA's kernels; the smaller size is chosen by timing). Measurements a run resumes are exact."""

@@ -1,7 +1,7 @@
 """What a run concludes from its measurements (its confirm stage): the universal heads and the selection, specific
 heads confirmed by measurement (the estimates only propose candidates). It decides; measuring is `validate`'s,
-estimating `specificity`'s, the rule `selection`'s. The run (`run.conclude`) and through it the efficiency benchmark
-(`bench/judging.py`) call `find_heads`, so a benchmark judges each method by the heads a run would report.
+estimating `specificity`'s, the rule `selection`'s. The run (`localization.conclude`) and through it the efficiency
+benchmark (`bench/judging.py`) call `find_heads`, so a benchmark judges each method by the heads a run would report.
 
 Axes: N heads flattened (flat = layer * H + head); `tasks` = the target first, then the general tasks. Below,
 "heads" stands for the run's units (neurons too).

@@ -161,7 +161,11 @@ def describe_power(task: str, facts: dict[str, Any]) -> str:
   """One line: what the task's documents can detect, and what the run does about it."""
 
   def drop(value: float | None) -> str:
-    return "no drop" if value is None else f"a {100 * value:.0f}% drop"
+    if value is None:
+      return "no drop"
+    # One decimal where the rounded drop would read as the threshold it misses (10.4% against 10%).
+    above = value > facts["threshold"] + BOUND_TOLERANCE and round(100 * value) <= round(100 * facts["threshold"])
+    return f"a {100 * value:.{1 if above else 0}f}% drop"
 
   if facts["baseline"] == 0:
     return f"{task}: baseline 0 on {facts['docs']} documents: nothing to lose, so it cannot veto"
@@ -213,7 +217,7 @@ class Decision:
 
 
 class Judge:
-  """Measures decisions on a scorer (`validate.Measures`; with `per_doc`, as a run's `validate.Scorer`, every drop
+  """Measures decisions on a scorer (`validate.Measures`; with `per_doc`, as a run's `validate.TaskMeasures`, every drop
   gets its interval and a straddling task more documents) and decides them under a rule. `powers`: per general task
   (None: no power known, the task starts on its own documents and may veto); `max_docs`: at most this many documents
   of a general task per decision (None: all the scorer holds)."""

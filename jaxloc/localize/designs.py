@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxloc.errors import UserError
-from jaxloc.heads import parse_unit
+from jaxloc.units import parse_unit
 
 DESIGN_KINDS = ("bernoulli", "stratified", "single_head")
 

@@ -15,8 +15,8 @@ import numpy as np
 
 from jaxloc import files
 from jaxloc.engine.requests import GenerationRequest
-from jaxloc.localize.validate import Scorer
-from jaxloc.tasks.evaluation import Evaluator, engine_masks
+from jaxloc.localize.validate import TaskMeasures
+from jaxloc.tasks.evaluator import Evaluator, engine_masks
 from jaxloc.tasks.names import task_label
 
 FILE = "examples.json"
@@ -39,7 +39,7 @@ def _asks(evaluator: Evaluator) -> tuple[list[str], list[str], list[GenerationRe
   return [r.context for r in scored], [r.continuation for r in scored], asks
 
 
-def collect(held_out: Scorer, top: Sequence[int]) -> dict[str, Any]:
+def collect(held_out: TaskMeasures, top: Sequence[int]) -> dict[str, Any]:
   """The examples record: every task of `held_out` (target first) on its first PER_TASK documents, unablated and
   with the units `top` (flat indices) ablated together. The metrics come from the scorer (its curves scored both
   masks already); the scored tasks' continuations are generated in one call when they share a fill (zero ablation)."""
@@ -73,6 +73,6 @@ def collect(held_out: Scorer, top: Sequence[int]) -> dict[str, Any]:
           "max_new_tokens": MAX_NEW_TOKENS, "tasks": tasks}
 
 
-def write(output_dir: str, held_out: Scorer, top: Sequence[int]) -> None:
+def write(output_dir: str, held_out: TaskMeasures, top: Sequence[int]) -> None:
   """`examples.json` in a run directory (`collect`)."""
   files.write_json(os.path.join(output_dir, FILE), collect(held_out, top))

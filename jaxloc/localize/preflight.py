@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from jaxloc.errors import UserError
-from jaxloc.heads import parse_units, units_per_layer
+from jaxloc.units import parse_units, units_per_layer
 from jaxloc.localize import confirm, designs, measurements, methods
 from jaxloc.localize.methods.base import SCORED_GENERAL_TASKS, SCORED_TARGET
 from jaxloc.localize.settings import LocalizeSettings
-from jaxloc.tasks.evaluation import load_more_docs, load_task_split
+from jaxloc.tasks.evaluator import load_more_docs, load_task_split
 from jaxloc.tasks.names import task_label
 
 log = logging.getLogger(__name__)

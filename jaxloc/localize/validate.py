@@ -1,9 +1,9 @@
 """Measuring fixed ablations: units (heads, or neurons) ablated alone or together on a document set, every task
-measured (`Measures`, and `Scorer` over a run's evaluators), and the ablation curves of an order with their
+measured (`Measures`, and `TaskMeasures` over a run's evaluators), and the ablation curves of an order with their
 intervals. Its job is measuring; what a run concludes from the measurements is elsewhere: `specificity` estimates
 effects from the design and flags universal units, `selection` is the rule for which units may be reported,
 `confirm` decides the selection by these measurements (identification documents), and the run's validate stage
-reports them on held-out documents (`run.Localization.validate`).
+reports them on held-out documents (`localization.Localization.validate`).
 
 Axes: `k` (0 = unablated, then the first 1, 2, ... units of an order ablated together; past
 `EVERY_K_UP_TO` a geometric ladder of k), `layers`, `units` (per layer).
@@ -23,8 +23,8 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from jaxloc.heads import unit_name
-from jaxloc.tasks.evaluation import Evaluator
+from jaxloc.units import unit_name
+from jaxloc.tasks.evaluator import Evaluator
 from jaxloc.tasks.names import task_label
 
 INTERVAL_RESAMPLES = 1000
@@ -60,7 +60,7 @@ def _cumulative_masks(order: Sequence[int], points: Sequence[int], num_layers: i
 
 
 class Measures(Protocol):
-  """What single-unit checks need of a document split: each task's mean metric under keep-masks. A run's `Scorer`;
+  """What single-unit checks need of a document split: each task's mean metric under keep-masks. A run's `TaskMeasures`;
   the efficiency benchmark's cached problems (`bench.judging.ProblemScorer`)."""
 
   names: list[str]  # the tasks, the target first
@@ -71,7 +71,7 @@ class Measures(Protocol):
     """Per task, float [masks]: its metric under each keep-mask [masks, L, U], averaged over the documents."""
 
 
-class Scorer:
+class TaskMeasures:
   """The tasks of a validation on one document split, each scored in its metric, every distinct keep-mask
   evaluated once: the unablated model, a head that is both checked alone and first in a curve, and the prefix
   two curves share are measured one time however many reports use them."""
@@ -225,7 +225,7 @@ def set_drops(sets: Sequence[Sequence[int]], scorer: Measures) -> np.ndarray:
   return drops
 
 
-def ablation_curve(order: Sequence[int], k: int, scorer: Scorer, also: Sequence[int] = ()) -> dict[str, Any]:
+def ablation_curve(order: Sequence[int], k: int, scorer: TaskMeasures, also: Sequence[int] = ()) -> dict[str, Any]:
   """Every task's metric and relative drop (with its 95% interval) with the first k' units of `order` ablated
   together, for every k' of `curve_points(k, also)`, and the largest general drop at each (the specificity curve
   when `order` is a selection). "k" lists the k' measured; the unit names are the first k of `order`."""

@@ -21,7 +21,7 @@ from jaxloc.errors import UserError
 from jaxloc.files import check_writable, write_json
 from jaxloc.main import engine_flags
 from jaxloc.models.torch_reference import load_hf_model
-from jaxloc.tasks.evaluation import load_task
+from jaxloc.tasks.evaluator import load_task
 from jaxloc.tasks.harness import HarnessTask
 from jaxloc.tasks.harness_reference import compare, table
 

@@ -12,11 +12,11 @@ import dataclasses
 from jaxloc import cli, files
 from jaxloc.config import SEED, setting
 from jaxloc.errors import UserError
-from jaxloc.evaluate import evaluate_heads
-from jaxloc.heads import parse_units, units_per_layer
+from jaxloc.fixed_ablation import evaluate_heads
+from jaxloc.units import parse_units, units_per_layer
 from jaxloc.main import engine_flags
 from jaxloc.models.loading import read_config
-from jaxloc.tasks.evaluation import load_task
+from jaxloc.tasks.evaluator import load_task
 
 
 @dataclasses.dataclass

@@ -23,11 +23,11 @@ from jaxloc.api import read_run
 from jaxloc.config import setting
 from jaxloc.engine.engine import Engine
 from jaxloc.errors import UserError
-from jaxloc.heads import parse_units, singular, units_per_layer
+from jaxloc.units import parse_units, singular, units_per_layer
 from jaxloc.models import packaged
 from jaxloc.models.export import check_bias_holds, fold_ablation, write_hf_checkpoint
 from jaxloc.models.loading import load_model
-from jaxloc.tasks.evaluation import load_task, mean_ablation_values
+from jaxloc.tasks.evaluator import load_task, mean_ablation_values
 
 # What parse_units checks before the model (and so its size) is known: the names' form only.
 _ANY_SIZE = 1 << 30

@@ -20,12 +20,12 @@ from jaxloc.api import read_run
 from jaxloc.config import SEED, setting
 from jaxloc.engine.engine import Engine
 from jaxloc.errors import UserError
-from jaxloc.heads import parse_units, units_per_layer
-from jaxloc.localize.run import load_tasks
+from jaxloc.units import parse_units, units_per_layer
+from jaxloc.localize.localization import load_tasks
 from jaxloc.main import engine_flags
 from jaxloc.studies import finetune
 from jaxloc.studies.heads_vs_neurons import run_settings
-from jaxloc.tasks.evaluation import Evaluator
+from jaxloc.tasks.evaluator import Evaluator
 from jaxloc.tasks.names import task_label
 
 

@@ -27,7 +27,7 @@ from jaxloc.config import nested, setting
 from jaxloc.engine.config import EngineConfig
 from jaxloc.localize import methods
 from jaxloc.localize.preflight import saved_masks, scoring_settings
-from jaxloc.localize.run import Localization
+from jaxloc.localize.localization import Localization
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.main import engine_flags
 from jaxloc.models.loading import resolve_dtype

@@ -55,6 +55,9 @@ def default_dtype():
   return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
 def resolve_dtype(dtype: Any = None) -> Any:
   """The parameter/compute dtype a model loads in, the one place "auto" is decided: None or "auto" is
   `default_dtype()`; a name ("float32", "bfloat16", "float16") its JAX scalar type; a dtype as given. A UserError
@@ -63,10 +66,9 @@ def resolve_dtype(dtype: Any = None) -> Any:
     return default_dtype()
   if not isinstance(dtype, str):
     return dtype
-  try:
-    return jnp.dtype(dtype).type
-  except TypeError:
-    raise UserError(f"unknown dtype {dtype!r}; valid: auto, float32, bfloat16, float16") from None
+  if dtype not in DTYPE_NAMES:
+    raise UserError(f"unknown dtype {dtype!r}; valid: auto, {', '.join(DTYPE_NAMES)}")
+  return getattr(jnp, dtype)  # JAX's scalar type, as `default_dtype` gives
 
 
 def resolve(spec: str) -> tuple[str, str]:

@@ -310,6 +310,41 @@ function summary() {
             el("p", {}, `universal ${UNIT}: ${universal.length ? universal.join(", ") : "none"}`));
 }
 
+// One general task's part of a decision: its drop, interval, documents and (when it counts) its verdict.
+function verdict(t) {
+  if (!t) return "n/a";
+  let text = pct(t.drop);
+  if (t.interval) text += ` [${pct(t.interval[0])}, ${pct(t.interval[1])}]`;
+  if (t.docs) text += ` on ${t.docs}`;
+  if (t.verdict === "veto") text += " (vetoes)";
+  else if (t.verdict === "unable" && t.straddles) text += " (unable to veto)";
+  return text;
+}
+
+// The confirmation's decisions: the rule, each general task's power to veto, then every decision the selection read.
+function decisions() {
+  const c = INFO.confirmation || {};
+  const made = c.decisions || [];
+  const power = DATA.power_lines || [];
+  if (!made.length && !power.length) return null;
+  const body = [];
+  if (c.decision_rule) body.push(el("p", {}, `rule (${c.decision_rule.rule}): ${c.decision_rule.text}`));
+  for (const line of power) body.push(el("p", {class: "power"}, "power to veto: " + line));
+  if (made.length) {
+    const tasks = Object.keys(made[0].tasks).slice(1);
+    const rows = made.map((d) => [d.units.join("+") + (d.together ? " together" : " alone"),
+                                  d.passed ? "passed" : "vetoed",
+                                  d.confidence === null || d.confidence === undefined ? "n/a" : pct(d.confidence),
+                                  ...tasks.map((t) => verdict(d.tasks[t]))]);
+    body.push(table([ONE + "s", "decision", "confidence", ...tasks], rows));
+  }
+  if (c.extra_documents) {
+    body.push(el("p", {}, `${c.extra_documents} more general-task documents scored where power or a straddling ` +
+                          "interval asked (95% intervals: paired bootstrap over the documents)"));
+  }
+  return el("section", {id: "decisions"}, el("h2", {}, "Confirmation decisions"), ...body);
+}
+
 function design() {
   const d = INFO.design;
   if (!d) return null;
@@ -398,7 +433,7 @@ function main() {
   app.append(summary(), downloads(),
              el("div", {class: "columns"}, UNIT === "heads" ? heatmap() : neuronView(), details),
              ...curves());
-  for (const part of [examples(), design(), provenance()]) if (part) app.append(part);
+  for (const part of [decisions(), examples(), design(), provenance()]) if (part) app.append(part);
   app.append(settings());
   if (INFO.top_k.length) showDetails(INFO.top_k[0]);
 }

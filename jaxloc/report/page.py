@@ -3,8 +3,9 @@ server: the run's data, the script and the style are inline), to open in any bro
 
 It shows the layer × head heatmap (for a neuron run, the per-layer view and the ranked neurons) where hovering or
 clicking a unit shows its value, interval, bootstrap selection frequency, and its estimated and held-out drop on
-every task; the held-out ablation and specificity curves; the universal units; the design diagnostics; the run's
-settings and timings. Every run writes it (`jaxloc.api.run_localization`); `python -m experiments.report
+every task; the held-out ablation and specificity curves; the confirmation's decisions (each general task's power to
+veto, and every decision with its drops, intervals, documents and verdicts); the universal units; the design
+diagnostics; the run's settings and timings. Every run writes it (`jaxloc.api.run_localization`); `python -m experiments.report
 --run_dir=DIR` rebuilds it for an old run.
 """
 
@@ -20,8 +21,8 @@ import numpy as np
 
 from jaxloc import files
 from jaxloc.errors import UserError
-from jaxloc.heads import run_file, singular
-from jaxloc.localize import examples
+from jaxloc.units import run_file, singular
+from jaxloc.localize import decisions, examples
 from jaxloc.models import packaged
 from jaxloc.tasks.names import task_label
 
@@ -53,9 +54,16 @@ def page_data(output_dir: str) -> dict[str, Any]:
       "unmeasured": unmeasured(info),  # hatched, no value
       "placeholder": [u["name"] for u in info[unit] if u.get("measured") is False],  # no value from the method
       "reasons": reasons(info),
+      "power_lines": power_lines(info),  # each general task's power to veto, as the run's summary prints it
       "examples": files.read_json(os.path.join(output_dir, examples.FILE)),  # None for runs before examples.json
       "packaged_model": _packaged(str(info["model"])),
   }
+
+
+def power_lines(info: dict[str, Any]) -> list[str]:
+  """Each general task's power to veto (`decisions.describe_power`), for runs that recorded it."""
+  return [decisions.describe_power(task, g["power"]) for task, g in (info.get("general_tasks") or {}).items()
+          if g.get("power")]
 
 
 def _packaged(model: str) -> dict[str, str] | None:

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxloc import files  # noqa: E402
-from jaxloc.heads import run_file  # noqa: E402
+from jaxloc.units import run_file  # noqa: E402
 from jaxloc.tasks.names import task_label  # noqa: E402
 
 

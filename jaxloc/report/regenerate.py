@@ -26,7 +26,7 @@ from typing import Any, Callable
 from jaxloc import files
 from jaxloc.bench.sweep import EfficiencyConfig
 from jaxloc.errors import UserError
-from jaxloc.heads import run_file
+from jaxloc.units import run_file
 from jaxloc.report import cross_task, efficiency, heads_vs_neurons, plots
 from jaxloc.report.page import PAGE, write_page
 

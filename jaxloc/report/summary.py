@@ -6,7 +6,7 @@ import math
 import os
 from typing import Any
 
-from jaxloc.heads import singular
+from jaxloc.units import singular
 from jaxloc.localize.decisions import describe_power
 from jaxloc.tasks.names import task_label
 

@@ -20,12 +20,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloc.errors import UserError
-from jaxloc.heads import parse_units, unit_name, units_per_layer
+from jaxloc.units import parse_units, unit_name, units_per_layer
 from jaxloc.localize import validate
-from jaxloc.localize.run import load_tasks
+from jaxloc.localize.localization import load_tasks
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.tasks.names import task_label
-from jaxloc.tasks.evaluation import Evaluator
+from jaxloc.tasks.evaluator import Evaluator
 
 
 @dataclasses.dataclass
@@ -108,7 +108,7 @@ def compare(engine, heads: RunUnits, neurons: RunUnits, tasks, head_counts: Sequ
     excluded = [layer * per_layer + i for layer, i in excluded_heads] if unit == "heads" else []
     sets = _sets(run.order, counts, c.num_layers * per_layer, draws, seed, excluded)
     evaluators = [Evaluator.build(engine, name, task, docs, ablation, unit) for name, task, docs, _ in tasks]
-    scorer = validate.Scorer(evaluators, [metric for *_, metric in tasks])
+    scorer = validate.TaskMeasures(evaluators, [metric for *_, metric in tasks])
     per_doc = scorer.per_doc(_keep(sets, c.num_layers, per_layer))
     per_unit[unit] = (sets, per_doc)
   budgets = []

@@ -17,10 +17,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from jaxloc.errors import UserError
-from jaxloc.heads import head_name, keep_mask, parse_heads
+from jaxloc.units import head_name, keep_mask, parse_heads
 from jaxloc.models.torch_reference import ablated_heads
 from jaxloc.tasks.base import Doc
-from jaxloc.tasks.evaluation import Evaluator
+from jaxloc.tasks.evaluator import Evaluator
 from jaxloc.tasks.harness import HarnessTask, include_path, load_name, metric_key, task_manager
 
 # lm-eval's result keys that are not metrics.

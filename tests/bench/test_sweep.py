@@ -251,7 +251,7 @@ def test_synthetic_evaluator_is_a_fixed_function_of_the_mask():
 def test_gradient_confirm_on_a_tiny_model(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
-  from jaxloc.tasks.evaluation import Evaluator, load_task
+  from jaxloc.tasks.evaluator import Evaluator, load_task
   from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))
@@ -278,7 +278,7 @@ def test_gradient_confirm_on_a_tiny_model(tokenizer, tmp_path):
 def test_learned_mask_trains_once_per_seed_and_pays_its_training_in_evaluations(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
-  from jaxloc.tasks.evaluation import Evaluator, load_task
+  from jaxloc.tasks.evaluator import Evaluator, load_task
   from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))
@@ -307,8 +307,8 @@ def test_benchmark_and_localize_give_the_same_ranking(tokenizer, tmp_path, metho
   """The benchmark drives the shipped method: same seed and budget, same measurements, same heads."""
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
-  from jaxloc.localize.run import localize
-  from jaxloc.tasks.evaluation import Evaluator, load_task
+  from jaxloc.localize.localization import localize
+  from jaxloc.tasks.evaluator import Evaluator, load_task
   from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))
@@ -335,9 +335,9 @@ def test_every_method_is_also_judged_on_held_out_documents_and_general_tasks(tok
   documents (figures equal to evaluating those heads directly); learned_mask trains on the general tasks too."""
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
-  from jaxloc.heads import parse_heads
+  from jaxloc.units import parse_heads
   from jaxloc.report.efficiency import format_tables
-  from jaxloc.tasks.evaluation import Evaluator, load_task_split
+  from jaxloc.tasks.evaluator import Evaluator, load_task_split
   from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))
@@ -371,7 +371,7 @@ def test_the_benchmark_judges_the_heads_the_runner_selects(tokenizer, tmp_path):
   confirmed top-k and the same confirmation cost as `localize`, and both are ablated on the held-out documents."""
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
-  from jaxloc.localize.run import localize
+  from jaxloc.localize.localization import localize
   from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))

@@ -11,7 +11,7 @@ from jaxloc.engine import compilation
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import ScoringRequest
-from jaxloc.localize.run import localize
+from jaxloc.localize.localization import localize
 from jaxloc.localize.settings import LocalizeSettings
 from tests.tiny import make_tiny
 

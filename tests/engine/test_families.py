@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloc.engine import scoring
+from jaxloc.engine import scoring_kernels
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import ScoringRequest
@@ -74,7 +74,7 @@ def test_scores_equal_each_sequence_computed_alone(tiny_gemma3):
   assert len(layout.prefix) > 4 * tiny_gemma3.config.sliding_window
   assert any(len(set(row[row >= 0])) > 1 for c in layout.chunks for row in c.rows.segments)  # rows hold several
   out = engine.score(reqs, masks)
-  tokenized = scoring.tokenize(tiny_gemma3.tokenizer, reqs, tiny_gemma3.config.max_position_embeddings)
+  tokenized = scoring_kernels.tokenize(tiny_gemma3.tokenizer, reqs, tiny_gemma3.config.max_position_embeddings)
   for m, mask in enumerate(masks):
     for i, (sequence, start) in enumerate(zip(tokenized.sequences, tokenized.target_start)):
       logprobs = _logprobs(tiny_gemma3, sequence, mask)

@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 
-from jaxloc.engine import scoring
+from jaxloc.engine import scoring_kernels
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.masks import Masks
@@ -53,19 +53,19 @@ def test_packing_fills_rows_first_fit():
   """Suffixes computing 31, 30, 22, 7, 5, 4 tokens (after a 2-token prefix; a request's last token is never
   computed), longest first into rows 32 wide (64 and 128 wide cost as much; the narrowest wins)."""
   lengths = [30, 5, 7, 22, 4, 31]
-  tokenized = scoring.TokenizedRequests([np.arange(n + 3) for n in lengths], np.full(6, 3))
-  rows, width = scoring.arrange(tokenized, 2, pack=True)
+  tokenized = scoring_kernels.TokenizedRequests([np.arange(n + 3) for n in lengths], np.full(6, 3))
+  rows, width = scoring_kernels.arrange(tokenized, 2, pack=True)
   assert width == 32
   assert rows == [[5], [0], [3, 2], [1, 4]]
-  unpacked, _ = scoring.arrange(tokenized, 2, pack=False)
+  unpacked, _ = scoring_kernels.arrange(tokenized, 2, pack=False)
   assert unpacked == [[4], [1], [2], [3], [0], [5]]
 
 
 def test_packing_width_follows_the_cost():
   """Six suffixes computing 21 tokens: 24 wide needs six rows (144 tokens), 64 wide two (128), 128 wide one (128)
   whose attention costs more: 64 wins once keys cost anything."""
-  tokenized = scoring.TokenizedRequests([np.arange(24) for _ in range(6)], np.full(6, 20))
-  rows, width = scoring.arrange(tokenized, 2, pack=True, key_cost=1e-3)
+  tokenized = scoring_kernels.TokenizedRequests([np.arange(24) for _ in range(6)], np.full(6, 20))
+  rows, width = scoring_kernels.arrange(tokenized, 2, pack=True, key_cost=1e-3)
   assert width == 64 and [len(r) for r in rows] == [3, 3]
 
 

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloc.engine import scoring
+from jaxloc.engine import scoring_kernels
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import ScoringRequest
@@ -113,7 +113,7 @@ def test_integrated_gradients_are_complete(tiny_model):
   assert attribution.shape == (len(requests), 3, 64)
   unshared = Engine(tiny_model, EngineConfig(share_prefix=False)).neuron_attribution(requests, steps=64)
   assert np.abs(attribution - unshared).max() < 1e-5 + 1e-3 * np.abs(attribution).max()
-  tokenized = scoring.tokenize(tiny_model.tokenizer, requests, tiny_model.config.max_position_embeddings)
+  tokenized = scoring_kernels.tokenize(tiny_model.tokenizer, requests, tiny_model.config.max_position_embeddings)
   for i, (sequence, start) in enumerate(zip(tokenized.sequences, tokenized.target_start)):
     full = _probability(tiny_model, sequence, int(start), 1.0)
     zeroed = _probability(tiny_model, sequence, int(start), 0.0)

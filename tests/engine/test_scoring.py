@@ -6,7 +6,7 @@ import pytest
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import ScoringRequest
-from jaxloc.engine import batching, scoring
+from jaxloc.engine import batching, scoring_kernels
 
 SHOTS = "".join(f"Question: What is {a} plus {b}?\nAnswer: {a + b}\n\n" for a, b in [(2, 3), (4, 1), (5, 2), (1, 1)])
 
@@ -97,7 +97,7 @@ def test_a_request_over_the_window_keeps_its_contexts_end_and_says_so(tokenizer,
   long = "The capital of France is Paris. " * 40 + "The capital of Italy is"
   requests = [ScoringRequest("The capital of Spain is", " Madrid"), ScoringRequest(long, " Rome")]
   with caplog.at_level("WARNING"):
-    tokenized = scoring.tokenize(tokenizer, requests, max_length=64)
+    tokenized = scoring_kernels.tokenize(tokenizer, requests, max_length=64)
   whole = tokenizer(long)["input_ids"] + tokenizer(" Rome", add_special_tokens=False)["input_ids"]
   assert len(tokenized.sequences[1]) == 64 and list(tokenized.sequences[1]) == whole[-64:]
   assert [r.getMessage() for r in caplog.records] == [
@@ -105,14 +105,14 @@ def test_a_request_over_the_window_keeps_its_contexts_end_and_says_so(tokenizer,
       f"left, as lm-eval does); the longest, request 1 (context 'The capital of France is Paris. The capi…'), has "
       f"{len(whole):,} tokens"]
   caplog.clear()
-  scoring.tokenize(tokenizer, requests[:1], max_length=64)
+  scoring_kernels.tokenize(tokenizer, requests[:1], max_length=64)
   assert not caplog.records
 
 
 def test_shared_prefix_leaves_first_predictor_out():
-  tokenized = scoring.TokenizedRequests([np.array([1, 2, 3, 4, 5, 6, 7]), np.array([1, 2, 3, 4, 5, 6, 8])],
+  tokenized = scoring_kernels.TokenizedRequests([np.array([1, 2, 3, 4, 5, 6, 7]), np.array([1, 2, 3, 4, 5, 6, 8])],
                                         np.array([6, 6]))
-  assert scoring.shared_prefix_length(tokenized) == 5  # position 5 predicts the first target token
+  assert scoring_kernels.shared_prefix_length(tokenized) == 5  # position 5 predicts the first target token
 
 
 def test_mean_ablation_matches_torch_fill(smollm2, smollm2_engine, smollm2_torch):

@@ -8,7 +8,7 @@ from absl import flags
 
 from jaxloc import cli
 from jaxloc.config import default_of, flag_fields
-from jaxloc.localize.run import load_tasks
+from jaxloc.localize.localization import load_tasks
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.main import localize
 from jaxloc.models.loading import ALIASES, resolve

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxloc.evaluate import evaluate_heads
+from jaxloc.fixed_ablation import evaluate_heads
 from tests.experiments.conftest import run_cli
 
 HEADS = ["L3H1", "L12H5", "L20H0"]
@@ -13,7 +13,7 @@ HEADS = ["L3H1", "L12H5", "L20H0"]
 
 def test_custom_jsonl_with_heads_matches_transformers(smollm2, smollm2_engine, smollm2_torch, capitals_jsonl):
   import torch
-  from jaxloc.heads import parse_heads
+  from jaxloc.units import parse_heads
   from jaxloc.models.torch_reference import ablated_heads
 
   result = evaluate_heads(smollm2_engine, capitals_jsonl, heads=HEADS)

@@ -69,7 +69,7 @@ def _run_dir(tmp_path, tiny_model_dir, task, ablation):
 
 def test_mean_ablation_run_folds_its_means_into_the_o_proj_bias(tiny_model_dir, capitals_jsonl, tmp_path):
   from jaxloc.engine.engine import Engine
-  from jaxloc.tasks.evaluation import load_task, mean_ablation_values
+  from jaxloc.tasks.evaluator import load_task, mean_ablation_values
 
   run_dir = _run_dir(tmp_path, tiny_model_dir, capitals_jsonl, "mean")
   out = tmp_path / "edited"

@@ -14,7 +14,7 @@ from jaxloc.localize.settings import LocalizeSettings
 
 
 class _Model:
-  class model_config:  # noqa: N801 - the face validate.Scorer reads: engine.model_config
+  class model_config:  # noqa: N801 - the face validate.TaskMeasures reads: engine.model_config
     num_layers = 1
 
 
@@ -55,7 +55,7 @@ def _scorer(general_drops, own=100, reserve=700, baseline=1.0):
   counter = {"docs": 0}
   target = DocEvaluator("target", range(own), {h: 0.5 for h in range(8)}, counter=counter)
   general = DocEvaluator("general", range(own), general_drops, baseline, counter)
-  scorer = validate.Scorer([target, general], ["accuracy", "accuracy"],
+  scorer = validate.TaskMeasures([target, general], ["accuracy", "accuracy"],
                            reserves=[[], list(range(10_000, 10_000 + reserve))])
   return scorer, counter
 
@@ -199,3 +199,11 @@ def test_a_methods_own_measurement_is_extended_by_its_new_documents_only():
 def test_bad_decision_settings_are_named(changes, message):
   with pytest.raises((UserError, ValueError), match=message):
     LocalizeSettings.make(task="synthetic", output_dir="unused", **changes).check()
+
+
+def test_a_detectable_drop_that_misses_the_threshold_never_reads_as_the_threshold():
+  """60 documents at 0.95 detect a drop just above 10%: said with a decimal, not as "a 10% drop ..., not 10%"."""
+  facts = decisions.plan_power("counting", 0.95, 60, 800, 0.1, 0.05, 0.8).facts()
+  assert 0.1 < facts["detectable_relative_drop"] < 0.105
+  line = decisions.describe_power("counting", facts)
+  assert f"detect a {100 * facts['detectable_relative_drop']:.1f}% drop" in line and "detect a 10% drop" not in line

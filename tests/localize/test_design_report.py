@@ -1,7 +1,7 @@
 """A design-based run reports what its design can tell apart (heads.json "design", the printed summary), and a run
 of single-head measurements reports no design."""
 
-from jaxloc.localize.run import localize
+from jaxloc.localize.localization import localize
 from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.report.summary import summary_table
 

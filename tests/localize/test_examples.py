@@ -8,8 +8,8 @@ from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.requests import GenerationRequest
 from jaxloc.localize import examples
-from jaxloc.localize.validate import Scorer
-from jaxloc.tasks.evaluation import Evaluator, load_task
+from jaxloc.localize.validate import TaskMeasures
+from jaxloc.tasks.evaluator import Evaluator, load_task
 
 
 @pytest.mark.heavy  # compiles generation for two tasks: ~10 s on a quiet 2-core machine
@@ -19,7 +19,7 @@ def test_examples_hold_each_tasks_first_documents_under_both_masks(tiny_model, t
   for name in ("counting", "plurals"):
     task, docs = load_task(name, num_samples=5, seed=0, data_dir=None)
     evaluators.append(Evaluator.build(engine, name, task, docs).on(docs))
-  scorer = Scorer(evaluators, ["accuracy", "accuracy"])
+  scorer = TaskMeasures(evaluators, ["accuracy", "accuracy"])
   top = [3, 10, 17]  # flat head indices (names from the scorer)
   record = examples.collect(scorer, top)
   assert record["k"] == 3 and record["heads"] == [scorer.name(h) for h in top]

@@ -53,7 +53,7 @@ def test_one_shot_greedy_breaks_accuracy_ties_by_the_other_metric():
 def test_localize_with_gradient_confirm_on_a_tiny_model(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
-  from jaxloc.localize.run import LocalizeSettings, localize
+  from jaxloc.localize.localization import LocalizeSettings, localize
   from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))

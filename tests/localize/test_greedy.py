@@ -57,7 +57,7 @@ def test_ties_at_the_floor_go_to_the_tie_break_metric_not_to_the_lowest_index():
 def test_localize_with_iterative_greedy_on_a_tiny_model(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
-  from jaxloc.localize.run import LocalizeSettings, localize
+  from jaxloc.localize.localization import LocalizeSettings, localize
   from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))

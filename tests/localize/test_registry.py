@@ -19,7 +19,7 @@ from jaxloc.config import setting
 from jaxloc.errors import UserError
 from jaxloc.localize import methods
 from jaxloc.localize.methods.base import Method, confirmation_plan
-from jaxloc.localize.run import load_tasks
+from jaxloc.localize.localization import load_tasks
 from jaxloc.localize.settings import LocalizeSettings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

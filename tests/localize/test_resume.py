@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxloc.errors import UserError
-from jaxloc.localize.run import check_layout, engine_scoring_settings, load_tasks, localize
+from jaxloc.localize.localization import check_layout, engine_scoring_settings, load_tasks, localize
 from jaxloc.localize.settings import LocalizeSettings
 
 SENTINEL = 1000.0  # added to a store's saved scores: still there after a resume means it was kept, not measured again

@@ -4,7 +4,7 @@ whole localization with validation, whatever the budget and top-k; settings erro
 import pytest
 
 from jaxloc.errors import UserError
-from jaxloc.localize.run import load_tasks, localize
+from jaxloc.localize.localization import load_tasks, localize
 from jaxloc.localize.settings import LocalizeSettings
 
 # Per task: the ladder of mask shapes a run uses (1 for the baseline, the design's call size, and at most two

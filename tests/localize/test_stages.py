@@ -1,13 +1,13 @@
-"""A run as explicit stages (`localize.run.Localization`) and the selection rule as an object (`localize.selection`):
-the stages run one at a time, each leaving its output; the preflight refuses bad input before any engine exists; the
-API returns the run it just made, equal to the run read back from disk."""
+"""A run as explicit stages (`localize.localization.Localization`) and the selection rule as an object
+(`localize.selection`): the stages run one at a time, each leaving its output; the preflight refuses bad input before
+any engine exists; the API returns the run it just made, equal to the run read back from disk."""
 
 import numpy as np
 import pytest
 
 from jaxloc.errors import UserError
 from jaxloc.localize import selection, specificity
-from jaxloc.localize.run import Localization
+from jaxloc.localize.localization import Localization
 from jaxloc.localize.settings import LocalizeSettings
 
 
@@ -56,7 +56,7 @@ def test_stages_run_one_at_a_time_and_the_api_returns_the_run_it_made(tokenizer,
   run.confirm()
   assert len(run.found.selected) >= 2 and run.found.confirmation is not None  # specific, with a general task
   run.validate()
-  assert run.ablation["heads"] == [jaxloc.heads.unit_name(*divmod(h, engine.model_config.num_heads))
+  assert run.ablation["heads"] == [jaxloc.units.unit_name(*divmod(h, engine.model_config.num_heads))
                                    for h in run.found.selected[:2]]
   payload = run.report()
   assert payload["top_k"] == run.ablation["heads"] and "confirm_seconds" in payload["timing"]

@@ -64,7 +64,7 @@ def test_budgets_too_small_for_a_screen_and_a_confirmation_are_refused():
 def test_localize_with_two_stage_on_a_tiny_model(tokenizer, tmp_path):
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
-  from jaxloc.localize.run import LocalizeSettings, localize
+  from jaxloc.localize.localization import LocalizeSettings, localize
   from tests.tiny import make_tiny
 
   engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))

@@ -43,7 +43,7 @@ class _CountingEvaluator:
 
 def test_a_scorer_evaluates_each_distinct_mask_once_across_reports():
   evaluator = _CountingEvaluator()
-  scorer = validate.Scorer([evaluator], ["m"])
+  scorer = validate.TaskMeasures([evaluator], ["m"])
   drops = validate.single_head_drops([0, 1, 4], scorer)  # unablated + 3 heads
   assert evaluator.masks_run == 4
   np.testing.assert_allclose(drops[:, 0], [1 / 4, 1 / 4, 0.0])  # baseline mean 4 (3 kept + doc offsets 0..2)
@@ -55,7 +55,7 @@ def test_a_scorer_evaluates_each_distinct_mask_once_across_reports():
 
 
 def test_a_scorer_with_a_description_shows_the_masks_it_scores(capsys):
-  scorer = validate.Scorer([_CountingEvaluator()], ["m"], progress="scoring on held-out documents")
+  scorer = validate.TaskMeasures([_CountingEvaluator()], ["m"], progress="scoring on held-out documents")
   validate.single_head_drops([0, 1], scorer)
   validate.single_head_drops([0, 1], scorer)  # cached: the bar does not move
   scorer.close()

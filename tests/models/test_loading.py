@@ -11,7 +11,8 @@ import pytest
 from jaxloc.errors import UserError
 from jaxloc.models import checkpoints
 from jaxloc.models.config import config_from_hf
-from jaxloc.models.loading import load_model, read_config, resolve
+from jaxloc.engine.config import EngineConfig
+from jaxloc.models.loading import default_dtype, load_model, read_config, resolve, resolve_dtype
 
 
 def test_missing_path_is_a_clear_error(tmp_path):
@@ -190,3 +191,14 @@ def test_a_truncated_gguf_is_named_truncated_before_any_tensor_is_read(tmp_path)
     for attempt in (read_config, lambda spec: load_model(spec, cache_dir=None)):
       with pytest.raises(UserError, match=f"{truncated} is truncated: {says}"):
         attempt(str(truncated))
+
+
+def test_auto_dtypes_are_decided_in_one_place_each():
+  """The model's "auto" (`resolve_dtype`: float32 on this CPU) and the activations' (`EngineConfig.activations_for`:
+  the model's), whatever spells them."""
+  assert resolve_dtype(None) is resolve_dtype("auto") is default_dtype() is jnp.float32
+  assert resolve_dtype("bfloat16") is jnp.bfloat16 and resolve_dtype(jnp.float16) is jnp.float16
+  with pytest.raises(UserError, match="unknown dtype 'float9'"):
+    resolve_dtype("float9")
+  assert EngineConfig().activations_for("bfloat16") == "bfloat16"
+  assert EngineConfig(activation_dtype="float32").activations_for("bfloat16") == "float32"

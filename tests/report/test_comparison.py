@@ -1,8 +1,6 @@
 """The comparison page across runs (`experiments.report --runs`): every run, the cross-task matrix of each model and
 method, and the heads runs of one model share, read from committed runs (no model)."""
 
-import json
-import os
 import re
 
 import pytest
@@ -10,33 +8,8 @@ import pytest
 from jaxloc.errors import UserError
 from jaxloc.main.report import ReportConfig, main
 from jaxloc.report.comparison import compare
-from tests.experiments.conftest import ROOT
+from tests.report.conftest import fake_run
 
-
-
-def _run(tmp_path, name, task, model, method, top):
-  """A run directory made from the committed default run with its target, model, method and top-k replaced (the
-  target's held-out drop moved to the new target's name: the matrix reads only heads.json and ablation.json)."""
-  heads = json.load(open(os.path.join(ROOT, "docs", "default_run", "heads.json")))
-  ablation = json.load(open(os.path.join(ROOT, "docs", "default_run", "ablation.json")))
-  heads.update(task=task, model=model, method=method, top_k=top)
-  general = ablation["held_out"]["general_relative_drop"]
-  if task in general:
-    general["plurals"] = general.pop(task)
-  ablation["held_out"]["heads"] = top
-  directory = tmp_path / name
-  directory.mkdir()
-  json.dump(heads, open(directory / "heads.json", "w"))
-  json.dump(ablation, open(directory / "ablation.json", "w"))
-  return str(directory)
-
-
-@pytest.fixture
-def runs(tmp_path):
-  return [_run(tmp_path, "a", "plurals", "smollm2-135m", "gradient_confirm", ["L8H1", "L20H5", "L3H7"]),
-          _run(tmp_path, "b", "arithmetic_1d_4shot", "smollm2-135m", "gradient_confirm", ["L21H2", "L20H5"]),
-          _run(tmp_path, "c", "plurals", "/models/gemma3-270m", "gradient_confirm", ["L8H1", "L5H0"]),
-          _run(tmp_path, "d", "plurals", "smollm2-135m", "cs_stratified", ["L8H1", "L20H5", "L12H8"])]
 
 
 def test_the_comparison_holds_every_run_a_matrix_per_model_and_method_and_the_shared_heads(runs):
@@ -58,8 +31,8 @@ def test_the_comparison_holds_every_run_a_matrix_per_model_and_method_and_the_sh
 
 
 def test_two_models_of_one_base_name_are_told_apart(tmp_path):
-  runs = [_run(tmp_path, "a", "plurals", "orgA/Llama-3.2-1B", "gradient_confirm", ["L8H1"]),
-          _run(tmp_path, "b", "plurals", "orgB/Llama-3.2-1B", "gradient_confirm", ["L8H1"])]
+  runs = [fake_run(tmp_path, "a", "plurals", "orgA/Llama-3.2-1B", "gradient_confirm", ["L8H1"]),
+          fake_run(tmp_path, "b", "plurals", "orgB/Llama-3.2-1B", "gradient_confirm", ["L8H1"])]
   result = compare(runs)
   assert [r["model"] for r in result["runs"]] == ["orgA/Llama-3.2-1B", "orgB/Llama-3.2-1B"]
   assert [s["heads"] for s in result["shared"]] == [{}, {}]  # not one model's head found twice

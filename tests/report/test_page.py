@@ -130,3 +130,40 @@ def test_a_runs_examples_show_on_its_page(default_run):
     assert browser.errors == []
   finally:
     browser.close()
+
+
+def test_a_runs_decisions_show_on_its_page(default_run):
+  """The confirmation's decisions (`decisions.Judge.record`) and each general task's power to veto, as the page shows
+  them: the summary's power lines, and a row per decision with every general task's drop, interval and verdict."""
+  import json
+
+  from jaxloc.localize import decisions
+  from jaxloc.report.page import page_data
+  from tests.report.browser import Browser
+
+  path = os.path.join(default_run, "heads.json")
+  heads = json.load(open(path))
+  power = decisions.plan_power("counting", 0.97, 100, 800, 0.1, 0.05, 0.8).facts()
+  heads["general_tasks"]["counting"]["power"] = power
+  heads["confirmation"]["decision_rule"] = {"rule": "interval", "threshold": 0.1, "confidence": 0.95,
+                                            "text": "the interval decides", "intervals": True}
+  heads["confirmation"]["extra_documents"] = 140
+  tasks = {"plurals": {"drop": 0.5, "interval": [0.4, 0.6], "docs": 100},
+           "counting": {"drop": 0.12, "interval": [0.05, 0.19], "docs": 240, "verdict": "veto", "straddles": True},
+           "induction": {"drop": 0.02, "interval": [-0.03, 0.07], "docs": 100, "verdict": "pass", "straddles": False}}
+  heads["confirmation"]["decisions"] = [{"units": ["L8H1"], "together": False, "passed": False, "confidence": 0.7,
+                                         "tasks": tasks}]
+  json.dump(heads, open(path, "w"))
+  assert page_data(default_run)["power_lines"] == [decisions.describe_power("counting", power)]
+  browser = Browser()
+  try:
+    browser.open(write_page(default_run))
+    text = browser.evaluate("document.getElementById('decisions').innerText")
+    assert "rule (interval): the interval decides" in text and "power to veto: counting: 100 documents" in text
+    assert "140 more general-task documents" in text
+    row = browser.evaluate("[...document.querySelectorAll('#decisions tr')[1].cells].map(c => c.textContent)")
+    assert row == ["L8H1 alone", "vetoed", "70.0%", "12.0% [5.0%, 19.0%] on 240 (vetoes)",
+                   "2.0% [-3.0%, 7.0%] on 100"], row
+    assert browser.errors == []
+  finally:
+    browser.close()

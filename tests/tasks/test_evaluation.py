@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from jaxloc.engine.requests import GenerationRequest, ScoreOutputs, ScoringRequest
-from jaxloc.tasks import evaluation, registry
-from jaxloc.tasks.evaluation import Evaluator
+from jaxloc.tasks import evaluator, registry
+from jaxloc.tasks.evaluator import Evaluator
 
 
 class FakeEngine:
@@ -83,7 +83,7 @@ def test_run_batches_follows_engine_batches_and_matches_run():
 
 
 def test_run_batches_for_generation_covers_every_mask(monkeypatch):
-  monkeypatch.setattr(evaluation, "GENERATION_MASKS_PER_BATCH", 3)
+  monkeypatch.setattr(evaluator, "GENERATION_MASKS_PER_BATCH", 3)
   engine, task = FakeEngine(), registry.get_task("gsm8k")
   docs = [{"question": "q", "answer": "#### 8"}]
   masks = np.ones((7, 2, 4))
@@ -98,11 +98,11 @@ def test_mean_ablation_uses_the_task_text():
   engine = FakeEngine()
   task = registry.get_task("boolq")
   docs = [{"query": "Is it? Answer:", "choices": ["no", "yes"], "gold": 0}]
-  assert evaluation.mean_ablation_values(engine, task, docs).shape == (2, 4, 8)
+  assert evaluator.mean_ablation_values(engine, task, docs).shape == (2, 4, 8)
   assert engine.mean_requests == [ScoringRequest("Is it? Answer:", " no", joint=True),  # lm-eval's encoding
                                   ScoringRequest("Is it? Answer:", " yes", joint=True)]
   gsm = registry.get_task("gsm8k")
-  evaluation.mean_ablation_values(engine, gsm, [{"question": "q", "answer": "#### 1"}])
+  evaluator.mean_ablation_values(engine, gsm, [{"question": "q", "answer": "#### 1"}])
   [request] = engine.mean_requests
   assert request.context + request.continuation == gsm.requests(
       [{"question": "q", "answer": "#### 1"}])[0].context
@@ -128,11 +128,11 @@ def test_per_document_metrics_average_to_the_task_metrics():
 
 @pytest.mark.parametrize("name", ["plurals", "arithmetic_1d_4shot", "counting", "induction"])
 def test_held_out_documents_are_disjoint_from_the_identification_documents(name):
-  task, docs, held_out = evaluation.load_task_split(name, num_samples=100, validation_samples=100, seed=3,
+  task, docs, held_out = evaluator.load_task_split(name, num_samples=100, validation_samples=100, seed=3,
                                                     data_dir=None)
-  assert docs == evaluation.load_task(name, num_samples=100, seed=3, data_dir=None)[1]  # unchanged by the split
+  assert docs == evaluator.load_task(name, num_samples=100, seed=3, data_dir=None)[1]  # unchanged by the split
   assert len(held_out) == 100 and not {d["id"] for d in docs} & {d["id"] for d in held_out}
-  assert evaluation.load_task_split(name, num_samples=100, validation_samples=0, seed=3, data_dir=None)[2] == []
+  assert evaluator.load_task_split(name, num_samples=100, validation_samples=0, seed=3, data_dir=None)[2] == []
 
 
 def test_too_few_documents_for_both_splits_is_a_user_error():
@@ -140,18 +140,18 @@ def test_too_few_documents_for_both_splits_is_a_user_error():
 
   with pytest.raises(UserError, match=r"task counting has 200 documents; identification \(150\) and held-out "
                                       r"validation \(100\) need 250"):
-    evaluation.load_task_split("counting", num_samples=150, validation_samples=100, seed=0, data_dir=None)
+    evaluator.load_task_split("counting", num_samples=150, validation_samples=100, seed=0, data_dir=None)
 
 
 def test_more_documents_are_disjoint_from_both_splits_seeded_and_bounded_by_the_split():
-  task, docs, held_out = evaluation.load_task_split("induction", num_samples=100, validation_samples=100, seed=3,
+  task, docs, held_out = evaluator.load_task_split("induction", num_samples=100, validation_samples=100, seed=3,
                                                     data_dir=None)
-  more = evaluation.load_more_docs(task, docs + held_out, 150, seed=3, data_dir=None)
-  used = {evaluation._doc_key(d) for d in docs + held_out}
-  assert len(more) == 150 and not used & {evaluation._doc_key(d) for d in more}
-  assert len({evaluation._doc_key(d) for d in more}) == 150
-  assert more == evaluation.load_more_docs(task, docs + held_out, 150, seed=3, data_dir=None)
-  assert evaluation.load_more_docs(task, docs + held_out, 200, seed=3, data_dir=None)[:150] == more  # nested
+  more = evaluator.load_more_docs(task, docs + held_out, 150, seed=3, data_dir=None)
+  used = {evaluator._doc_key(d) for d in docs + held_out}
+  assert len(more) == 150 and not used & {evaluator._doc_key(d) for d in more}
+  assert len({evaluator._doc_key(d) for d in more}) == 150
+  assert more == evaluator.load_more_docs(task, docs + held_out, 150, seed=3, data_dir=None)
+  assert evaluator.load_more_docs(task, docs + held_out, 200, seed=3, data_dir=None)[:150] == more  # nested
   # induction holds 500 documents: 300 beyond the two splits, then no more.
-  assert len(evaluation.load_more_docs(task, docs + held_out, 1000, seed=3, data_dir=None)) == 300
-  assert evaluation.load_more_docs(task, docs + held_out, 0, seed=3, data_dir=None) == []
+  assert len(evaluator.load_more_docs(task, docs + held_out, 1000, seed=3, data_dir=None)) == 300
+  assert evaluator.load_more_docs(task, docs + held_out, 0, seed=3, data_dir=None) == []

@@ -158,7 +158,7 @@ def test_jaxloc_equals_lm_eval_hf_backend_unablated_and_ablated(kind, task_files
 
 
 def test_prompts_and_per_document_metrics_are_lm_evals(task_files, smollm2, smollm2_torch, smollm2_engine):
-  from jaxloc.tasks.evaluation import Evaluator
+  from jaxloc.tasks.evaluator import Evaluator
   from jaxloc.tasks.harness_reference import lm_eval_run
 
   for kind, metric in (("multiple_choice", "acc"), ("generate_until", "exact_match")):
@@ -215,7 +215,7 @@ def test_joint_encoding_is_lm_eval_hf_encoding(task_files, tokenizer):
   as lm-eval's HF backend does; jaxloc's own convention encodes the two strings apart."""
   from lm_eval.models.huggingface import HFLM
 
-  from jaxloc.engine import scoring
+  from jaxloc.engine import scoring_kernels
   from jaxloc.engine.requests import ScoringRequest
 
   tok = tokenizer
@@ -223,14 +223,14 @@ def test_joint_encoding_is_lm_eval_hf_encoding(task_files, tokenizer):
   lm.tokenizer, lm.backend, lm.add_bos_token, lm.custom_prefix_token_id = tok, "causal", None, None
   pairs = [("The plural of mouse is ", "mice"), ("Question: 2+2?\nAnswer:", " 4"), ("", "Hello world"),
            ("x=", "=y"), ("a  ", " b")]
-  joint = scoring.tokenize(tok, [ScoringRequest(c, t, joint=True) for c, t in pairs], 8192)
+  joint = scoring_kernels.tokenize(tok, [ScoringRequest(c, t, joint=True) for c, t in pairs], 8192)
   for (context, target), sequence, start in zip(pairs, joint.sequences, joint.target_start):
     if context:
       expected_context, expected_target = lm._encode_pair(context, target)
     else:
       expected_context, expected_target = [tok.bos_token_id], tok(target, add_special_tokens=False)["input_ids"]
     assert sequence[:start].tolist() == expected_context and sequence[start:].tolist() == expected_target
-  separate = scoring.tokenize(tok, [ScoringRequest(*pairs[0])], 8192)
+  separate = scoring_kernels.tokenize(tok, [ScoringRequest(*pairs[0])], 8192)
   assert separate.sequences[0].tolist() != joint.sequences[0].tolist()
 
 

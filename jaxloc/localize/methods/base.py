@@ -21,8 +21,8 @@ and for a run it
   - makes a `Plan` (`plan(settings, context)`): what to measure next given what is measured
     (`next_masks`, None when done), and how to rank every head from the measurements (`rank`),
   - makes the plan a bootstrap re-estimates with (`bootstrap_plan`; by default the same plan).
-The runner (`localize/run.py`) and the efficiency benchmark (`bench/variants.py`) drive plans with the same `drive`
-and never ask which method they hold. Every plan is resumable: given saved measurements it continues where they
+The runner (`localize/localization.py`) and the efficiency benchmark (`bench/variants.py`) drive plans with the same
+`drive` and never ask which method they hold. Every plan is resumable: given saved measurements it continues where they
 end (its masks are a function of the settings and the measured scores).
 
 Ranking rule (every method): heads are ordered by their value, most negative first (the Lasso

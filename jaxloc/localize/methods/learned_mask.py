@@ -45,7 +45,7 @@ from tqdm import tqdm
 from jaxloc import files
 from jaxloc.config import setting
 from jaxloc.errors import UserError
-from jaxloc.heads import head_name
+from jaxloc.units import head_name
 from jaxloc.localize.methods.base import (OBJECTIVE, SCORED_GENERAL_TASKS, SCORED_TARGET, Context, FixedDesignPlan,
                                           Method, confirmation_plan, rank_by)
 

@@ -1,5 +1,6 @@
-"""Greedy decoding of many (mask, prompt) rows held in slots: the prompts' shared prefix once per mask, each row only
-its own suffix and new tokens, rows replaced as they finish (`generator.py` drives these functions between chunks).
+"""The generation kernels: pure, jittable functions for greedy decoding of many (mask, prompt) rows held in slots, the
+prompts' shared prefix once per mask, each row only its own suffix and new tokens, rows replaced as they finish. The
+generation job that compiles them and drives them between chunks is `generator.py`.
 
 Axes: `slots` Ms (masks decoded at once; each holds one mask and its prefix's keys/values), `rows` Rs (row slots of a
 mask slot, each a (mask, prompt) pair of that mask), `prefix` P (the prompts' shared token prefix, right-padded),

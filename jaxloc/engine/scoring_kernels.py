@@ -1,4 +1,5 @@
-"""Teacher-forced scoring of many requests under many head and/or neuron masks (`models.decoder.Ablation`).
+"""The scoring kernels: pure, jittable functions that score many requests teacher-forced under many head and/or
+neuron masks (`models.decoder.Ablation`). The scoring job that compiles and pipelines them is `scorer.py`.
 
 Axes: `masks` M (Mb per call), `requests` R (Rb rows per call), `seq` S (suffix tokens per row),
 `context` P (the shared prefix), `targets` T (continuation tokens of a call), `slots` N (requests of a call),

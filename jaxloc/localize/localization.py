@@ -33,9 +33,9 @@ from tqdm import tqdm
 from jaxloc import files
 from jaxloc.engine import peak
 from jaxloc.errors import UserError
-from jaxloc.heads import parse_units, run_file, singular, unit_name, units_per_layer
-from jaxloc.localize import (aliasing, confidence, confirm, decisions, designs, examples, methods, selection,
-                             specificity, validate)
+from jaxloc.units import parse_units, run_file, singular, unit_name, units_per_layer
+from jaxloc.localize import (aliasing, confidence, confirm, decisions, designs, examples, methods, outputs,
+                             selection, specificity, validate)
 from jaxloc.localize.measurements import MeasurementStore
 from jaxloc.localize.methods.base import Measured, Ranking
 from jaxloc.localize.preflight import (Tasks, check_layout, check_resume, engine_scoring_settings, load_tasks,
@@ -44,7 +44,7 @@ from jaxloc.localize.settings import LocalizeSettings
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.loading import read_config
 from jaxloc.tasks.names import task_label
-from jaxloc.tasks.evaluation import Evaluator, RetainedProbability
+from jaxloc.tasks.evaluator import Evaluator, RetainedProbability
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,8 @@ class Localization:
     self.metrics = [m.store.metric for m in self.measuring]
     # The confirmation's decisions score the identification documents, and more of a general task's (its reserve)
     # where its power or a straddling interval asks (`decisions`).
-    self.in_sample = validate.Scorer(self.identification, self.metrics, reserves=[t.reserve for t in self.tasks.all])
+    self.in_sample = validate.TaskMeasures(self.identification, self.metrics,
+                                           reserves=[t.reserve for t in self.tasks.all])
     self.powers = confirm.powers(settings, self.in_sample, self.stores)
     for power in self.powers:
       if power is not None:
@@ -310,7 +311,7 @@ class Localization:
     self.in_sample.progress = "scoring on identification documents" if progress else None
     self.confirming = self.in_sample
     if settings.validate:
-      self.confirming = validate.Scorer([e.on(td.held_out) for e, td in zip(self.identification, self.tasks.all)],
+      self.confirming = validate.TaskMeasures([e.on(td.held_out) for e, td in zip(self.identification, self.tasks.all)],
                                         self.metrics, progress="scoring on held-out documents" if progress else None,
                                         expected=held_out)
     try:
@@ -344,7 +345,7 @@ class Localization:
     timing["total_seconds"] = time.perf_counter() - self.start
     self.machine.update(peak.machine_facts(engine.dtype, at="end"))
     per_layer, unit, c = self.per_layer, self.unit, self.config
-    payload = _heads_json(settings, per_layer, self.found, self.excluded, self.confidence, self.measuring,
+    payload = outputs.heads_json(settings, per_layer, self.found, self.excluded, self.confidence, self.measuring,
                           self.confirming)
     for power in self.powers:
       if power is not None:
@@ -407,7 +408,7 @@ def _open_stores(settings: LocalizeSettings, tasks: Tasks, identification: list[
 
 
 def _find_heads(settings: LocalizeSettings, solution: Solution, measuring: list[Measuring], excluded: np.ndarray,
-                confirming: validate.Scorer, identification: validate.Scorer) -> confirm.Found:
+                confirming: validate.TaskMeasures, identification: validate.TaskMeasures) -> confirm.Found:
   """Universal heads and the selection (`conclude`: with general tasks and a confirmed selection rule, confirmed
   on the identification documents by single-head measurements and the top-k's together), then the first --curve_k
   selected heads ablated alone on the confirming documents (a neuron selection of hundreds is checked alone only at
@@ -428,8 +429,8 @@ def _find_heads(settings: LocalizeSettings, solution: Solution, measuring: list[
   return found
 
 
-def _validate(settings: LocalizeSettings, found: confirm.Found, held_out: validate.Scorer,
-              identification: validate.Scorer) -> dict[str, Any]:
+def _validate(settings: LocalizeSettings, found: confirm.Found, held_out: validate.TaskMeasures,
+              identification: validate.TaskMeasures) -> dict[str, Any]:
   """ablation.json: the selected heads ablated together on held-out documents (and in-sample, labelled), the
   specificity curves of the selection and of the raw ranking, the held-out single-head drops."""
   unit, name = held_out.unit, held_out.name
@@ -469,49 +470,3 @@ def _confidence(settings: LocalizeSettings, method, context: methods.Context, fo
 
   return confidence.bootstrap(plans, [m.store for m in measuring], select, settings.top_k, settings.bootstrap,
                               settings.seed, progress)
-
-
-def _heads_json(settings: LocalizeSettings, per_layer: int, found: confirm.Found, excluded: np.ndarray,
-                conf: confidence.Confidence | None, measuring: list[Measuring], confirming: validate.Scorer
-                ) -> dict[str, Any]:
-  unit = settings.unit
-  one = singular(unit)
-  name = lambda h: unit_name(*divmod(int(h), per_layer), unit)  # noqa: E731
-  split = "held_out" if settings.validate else "in_sample"
-  # Every unit: the selection first (in order), then the other ranked units, universal and excluded units last.
-  chosen = set(found.selected) | set(found.universal)
-  ordered = (found.selected + [h for h in found.order if h not in chosen] + found.universal
-             + np.flatnonzero(excluded).tolist())
-  units = []
-  for h in ordered:
-    entry = {"name": name(h), "layer": h // per_layer, one: h % per_layer, "score": float(found.ranking.values[h]),
-             "estimated_relative_drop": {task_label(k): v for k, v in found.effects.of(h).items()}}
-    if found.ranking.known is not None and not found.ranking.known[h]:
-      entry["measured"] = False  # its value is a placeholder: the method never measured or estimated it
-    if conf is not None:
-      entry.update(selection_frequency=float(conf.selection_frequency[h]),
-                   interval=[float(conf.low[h]), float(conf.high[h])])
-    if h in found.alone:
-      entry[f"{split}_single_{one}_drop"] = {task_label(e.name): float(d)
-                                             for e, d in zip(confirming.eval_sets, found.alone[h])}
-    units.append(entry)
-  target = measuring[0].store
-  return {
-      "model": settings.model, "task": settings.task, "method": settings.method, "metric": target.metric,
-      "unit": unit, f"num_{unit}": per_layer,
-      "num_evaluations": len(target) + found.confirmation_masks,
-      "baseline": target.baseline,
-      "num_docs": len(measuring[0].evaluator.docs), unit: units,
-      "confirmation": None if found.confirmation is None else found.confirmation.facts(
-          name, [task_label(m.evaluator.name) for m in measuring], settings.specific_max_general_drop),
-      "top_k": [name(h) for h in found.selected[:settings.top_k]],
-      "selection": settings.selector.describe(),
-      f"universal_{unit}": [name(h) for h in found.universal],
-      "universal": {"rule": specificity.universal_rule(settings.universal_threshold, settings.universal_min_tasks),
-                    "threshold": settings.universal_threshold, "min_tasks": settings.universal_min_tasks,
-                    "confirmed_on": split, "candidates": [name(h) for h in found.candidates]},
-      "general_tasks": {task_label(m.evaluator.name): {"metric": m.store.metric, "baseline": m.store.baseline,
-                                                       "num_docs": len(m.evaluator.docs)} for m in measuring[1:]},
-      "confidence": conf.facts() if conf is not None else None,
-      "solver": found.ranking.facts, "flags": settings.flags(),
-  }

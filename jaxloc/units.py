@@ -1,4 +1,5 @@
-"""Unit names (`L15H13` = layer 15, query head 13; `L3N117` = layer 3, MLP neuron 117) and masks built from them.
+"""The units a run localizes, heads or neurons: their names (`L15H13` = layer 15, query head 13; `L3N117` = layer 3,
+MLP neuron 117), counts per layer, run files, and keep-masks built from names.
 
 Axes: `layers` L, `units` U per layer (query heads H, or MLP intermediate units F). A keep-mask is float [L, U]
 with 1 keep, 0 ablate.

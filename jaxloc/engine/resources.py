@@ -1,6 +1,6 @@
-"""What the engine's jobs (scoring, generation, attribution) share: the model and its resolved config, one placement,
-one memory planner, the request layouts and their compiled shapes (`layouts.py`), the residual streams, the stats and
-what compiling cost (`compilation.py`).
+"""The resources the engine's jobs (scoring, generation, attribution) share (`SharedResources`): the model and its
+resolved config, one placement, one memory planner, the request layouts and their compiled shapes (`layouts.py`), the
+residual streams, the stats and what compiling cost (`compilation.py`).
 
 Layouts are cached because a localization scores the same request set many times; residual streams because a batch
 of masks that ablates nothing below layer l resumes at l from the unablated model's streams of its request set.
@@ -73,7 +73,7 @@ class ResidualCache:
 
 
 @dataclasses.dataclass
-class Shared:
+class SharedResources:
   """One engine's model, resolved config (`planner.resolve`), placement, planner, caches and stats."""
 
   model: LoadedModel
@@ -86,7 +86,7 @@ class Shared:
   stats: EngineStats
 
   @classmethod
-  def build(cls, model: LoadedModel, config: EngineConfig, mesh: Mesh) -> "Shared":
+  def build(cls, model: LoadedModel, config: EngineConfig, mesh: Mesh) -> "SharedResources":
     config = resolve(config, model.dtype)
     if config.float32_matmuls not in FLOAT32_MATMULS:  # the flag is an enum; this catches the Python API
       raise UserError(f"--float32_matmuls={config.float32_matmuls} must be one of {', '.join(FLOAT32_MATMULS)}")

@@ -1,4 +1,5 @@
-"""Evaluate a task with a fixed set of heads, or of MLP neurons, ablated (the `experiments.evaluate` contract).
+"""Evaluating a task with a fixed set of heads, or of MLP neurons, ablated: the library side of `experiments.evaluate`
+(its contract below); tasks meet the engine in `tasks.evaluator`.
 
 Result: {"model", "task", "heads", "ablation", "num_samples", "metrics": {name: value}} (a per-document metric's
 mean over samples; a task's aggregate-only metrics, e.g. an lm-eval corpus F1, by the task's own aggregation);
@@ -15,9 +16,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from jaxloc.errors import UserError
-from jaxloc.heads import check_unit, keep_mask, parse_units, unit_name, units_per_layer
+from jaxloc.units import check_unit, keep_mask, parse_units, unit_name, units_per_layer
 from jaxloc.tasks.base import Doc, Task
-from jaxloc.tasks.evaluation import Evaluator, load_task
+from jaxloc.tasks.evaluator import Evaluator, load_task
 
 if TYPE_CHECKING:
   from jaxloc.engine.engine import Engine

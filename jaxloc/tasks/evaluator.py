@@ -1,4 +1,4 @@
-"""Evaluate a task under a stack of head or neuron masks: the only place tasks meet the engine.
+"""The evaluator: a task evaluated under a stack of head or neuron masks, the only place tasks meet the engine.
 
 Axes: `masks`, `layers`, `units` (keep-masks [masks, layers, units], 1 = keep, 0 = ablate); the unit is
 "heads" (units = attention heads) or "neurons" (units = MLP intermediate units); `fill` is what an
@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from jaxloc.engine.requests import GenerationRequest, ScoreOutputs, ScoringRequest
 from jaxloc.errors import UserError
-from jaxloc.heads import check_unit, units_per_layer
+from jaxloc.units import check_unit, units_per_layer
 from jaxloc.tasks.base import Doc, Task
 from jaxloc.tasks.registry import get_task
 
