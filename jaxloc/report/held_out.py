@@ -38,7 +38,8 @@ def summarize(directory: str) -> dict[str, Any]:
   flags = heads.get("flags", {})
   return {
       "directory": directory, "task": task_label(heads["task"]), "method": heads["method"],
-      "rule": (confirmation.get("decision_rule") or {}).get("rule", flags.get("specific_rule", "point")),
+      # A run from before decisions carried intervals compared point estimates on the identification documents.
+      "rule": (confirmation.get("decision_rule") or {}).get("rule", flags.get("specific_rule", "point estimates")),
       "evaluations": heads["num_evaluations"], "top_k": held["heads"], "num_docs": held["num_docs"],
       "task_drop": held["task_relative_drop"], "task_interval": held.get("task_relative_drop_interval"),
       "worst_general": worst, "general_drop": general.get(worst), "general_interval": intervals.get(worst),
