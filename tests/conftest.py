@@ -8,7 +8,7 @@ Three tiers. `heavy` marks what loads a real model (added here, from the fixture
 subprocesses, or took over 3.5 s on a quiet 2-core machine (marked in its file): CI runs it, the fast tier
 (`pytest -m "not slow and not heavy"`, under 5 minutes on 2 cores, one parity check per family) does not. `slow`
 marks the few that take minutes each (Gemma 3 270M's parity, multi-process runs, fault injection): CI
-(`pytest -m "not slow"`, within its 30 minutes) leaves them out; plain `pytest` runs everything.
+(`pytest -m "not slow" -n 2`, within its 30 minutes) leaves them out; plain `pytest` runs everything.
 """
 
 import os

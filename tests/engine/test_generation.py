@@ -19,7 +19,8 @@ PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time",
            "Q: Who wrote Hamlet?\nA:", "<|endoftext|>Alice and Bob went"]
 
 
-@pytest.mark.parametrize("heads", [[], [(0, 3), (5, 4), (10, 1), (20, 7)]], ids=["unmasked", "four_ablated"])
+@pytest.mark.parametrize("heads", [pytest.param([], marks=pytest.mark.slow), [(0, 3), (5, 4), (10, 1), (20, 7)]],
+                         ids=["unmasked", "four_ablated"])  # CI: the ablated case, which also runs the unablated layers
 def test_masked_generation_matches_transformers(smollm2, smollm2_engine, smollm2_torch, heads):
   import torch
   from jaxloc.models.torch_reference import ablated_heads
@@ -190,8 +191,8 @@ def _gsm8k_requests(tokenizer, count, max_new_tokens):
                             stop=gsm8k.STOP, max_new_tokens=max_new_tokens) for i in range(count)]
 
 
-@pytest.mark.parametrize("kind", ["heads", pytest.param("neurons", marks=pytest.mark.slow),
-                                  pytest.param("mean", marks=pytest.mark.slow)])  # the tiny models cover all in CI
+@pytest.mark.slow  # two minutes a kind: the tiny Llama and Gemma 3 cover all three kinds in CI
+@pytest.mark.parametrize("kind", ["heads", "neurons", "mean"])
 def test_smollm2_gsm8k_generation_equals_the_previous_generator(smollm2, smollm2_engine, kind):
   """The real 5-shot GSM8K prompt (about 700 shared tokens) on the embedded default in float32: the texts, cut at
   `Question:`, equal the previous generator's under every kind of ablation."""

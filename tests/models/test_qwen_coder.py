@@ -69,6 +69,8 @@ def test_head_mask_matches_o_proj_pre_hook(qwen, qwen_torch, prompt):
   check_head_mask_parity(qwen, qwen_torch, qwen.tokenizer(prompt)["input_ids"], HEADS)
 
 
+@pytest.mark.slow  # over a minute each: in CI the tiny random Qwen2 holds logits and masks (test_parity.py), this
+# file the real logits, and the tiny families greedy generation (test_families.py)
 @pytest.mark.parametrize("heads", [[], HEADS], ids=["unmasked", "five_ablated"])
 def test_masked_greedy_generation_is_token_identical(qwen, qwen_torch, heads):
   from jaxloc.models.torch_reference import ablated_heads
