@@ -39,4 +39,4 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
   assert os.path.isfile(tmp_path / "notebook" / "heads.json")
   lines = printed.getvalue().splitlines()
   assert lines[0].startswith("[] accuracy") and len(lines) == 6
-  assert lines[-1] == "['L8H1', 'L20H5', 'L12H8', 'L12H5', 'L3H7']"
+  assert lines[-1] == "['L8H1', 'L20H5', 'L12H8', 'L1H6', 'L12H5']"

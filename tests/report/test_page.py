@@ -46,7 +46,7 @@ def test_the_default_run_page_in_a_real_browser(default_run, tmp_path):
     browser.open(path)
     assert browser.evaluate("document.querySelectorAll('#heatmap rect.cell').length") == 270
     assert browser.evaluate("document.getElementById('top-units').textContent").endswith(
-        "L8H1L20H5L12H8L12H5L3H7")
+        "L8H1L20H5L12H8L1H6L12H5")
     browser.click('#heatmap rect[data-unit="L20H5"]')  # selected
     details = browser.evaluate("document.getElementById('details').innerText")
     h = heads["L20H5"]
@@ -154,7 +154,10 @@ def test_a_runs_decisions_show_on_its_page(default_run):
   heads["confirmation"]["decisions"] = [{"units": ["L8H1"], "together": False, "passed": False, "confidence": 0.7,
                                          "tasks": tasks}]
   json.dump(heads, open(path, "w"))
-  assert page_data(default_run)["power_lines"] == [decisions.describe_power("counting", power)]
+  # counting's power as set here, the other tasks' as the committed run recorded them, in the run's task order
+  assert page_data(default_run)["power_lines"] == [decisions.describe_power(name, task["power"])
+                                                   for name, task in heads["general_tasks"].items()]
+  assert page_data(default_run)["power_lines"][0] == decisions.describe_power("counting", power)
   browser = Browser()
   try:
     browser.open(write_page(default_run))
