@@ -67,7 +67,6 @@ def test_every_relative_link_and_image_resolves(page):
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)  # a command named on several pages starts once
 def _defined_flags(module: str) -> frozenset[str]:
   """The flags `python -m <module> --helpfull` lists (absl prints each as --name or --[no]name)."""
   out = subprocess.run([sys.executable, "-m", module, "--helpfull"], cwd=ROOT, capture_output=True, text=True,
