@@ -1,6 +1,8 @@
 """How the efficiency benchmark judges a method: by the heads a run of it would report (`runner_selection`: the
 run's own solve and confirm stages over the benchmark's cached problems), ablated together on held-out
-documents of the target and of every general task (`held_out_drops`)."""
+documents of the target and of every general task (`held_out_drops`). On a model, the confirmation decides as a
+run's does: each drop with its interval from the cached per-document values, more documents of a general task
+(its reserve) where the interval straddles the bound or the task's power asks (`Judging.in_sample`)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,7 @@ import numpy as np
 
 from jaxloc.bench.problems import Problem
 from jaxloc.bench.variants import MethodRun
-from jaxloc.localize import confirm
-from jaxloc.localize import localization
+from jaxloc.localize import confirm, localization, validate
 from jaxloc.localize.methods import Measured
 
 
@@ -24,6 +25,10 @@ class Judging:
 
   held_out: Problem
   general: list[tuple[str, Problem, Problem]]  # (task, identification documents, held-out documents)
+  # The target's and every general task's identification documents, with more documents of each general task (its
+  # reserve), where the confirmation decides (a run's `validate.TaskMeasures`); None: the caches' means, point
+  # decisions (simulation).
+  in_sample: validate.TaskMeasures | None = None
 
   @property
   def names(self) -> list[str]:
@@ -43,12 +48,19 @@ class ProblemScorer:
     return [np.asarray(p.measure(ablated)[m], np.float64) for p, m in zip(self.problems, self.metrics)]
 
 
-def measured_on(problem: Problem, masks: np.ndarray) -> Measured:
-  """`problem` scored under `masks` (bool [M, L, H]), every metric, its headline metric localized."""
+def measured_on(problem: Problem, masks: np.ndarray, metric: str | None = None) -> Measured:
+  """`problem` scored under `masks` (bool [M, L, H]), every metric (per document too where the problem keeps them),
+  `metric` localized (default its headline metric)."""
   masks = np.asarray(masks, bool)
   metrics = problem.measure(masks) if len(masks) else {m: np.zeros((0,)) for m in problem.metric_names}
+  docs = baselines = None
+  if problem.per_doc is not None:
+    docs = problem.per_doc(masks) if len(masks) else None
+    baselines = {m: v[0] for m, v in problem.per_doc(problem.joint_mask([])).items()}
+    if docs is None:
+      docs = {m: np.zeros((0, len(v))) for m, v in baselines.items()}
   return Measured(masks, {m: np.asarray(v, np.float64) for m, v in metrics.items()}, problem.baseline,
-                  problem.headline_metric)
+                  metric or problem.headline_metric, docs, baselines)
 
 
 def runner_selection(run: MethodRun, problem: Problem, judging: Judging) -> confirm.Found:
@@ -57,12 +69,17 @@ def runner_selection(run: MethodRun, problem: Problem, judging: Judging) -> conf
   masks on their identification documents and estimated by its plan, universal heads confirmed on the held-out
   documents, the selection confirmed on the identification documents."""
   names = [problem.name, *judging.names]
+  target = measured_on(problem, run.measured.masks, run.measured.metric)
   general = [measured_on(identification, run.measured.masks) for _, identification, _ in judging.general]
   metrics = [run.measured.metric, *(p.headline_metric for _, p, _ in judging.general)]
   confirming = ProblemScorer(names, [judging.held_out, *(p for _, _, p in judging.general)], metrics)
-  identification = ProblemScorer(names, [problem, *(p for _, p, _ in judging.general)], metrics)
+  identification = judging.in_sample
+  if identification is None:
+    identification = ProblemScorer(names, [problem, *(p for _, p, _ in judging.general)], metrics)
+  elif identification.metrics != metrics:
+    raise ValueError(f"the confirmation's documents are scored in {identification.metrics}, this run in {metrics}")
   excluded = np.zeros(problem.num_total, bool)
-  measured = [run.measured, *general]
+  measured = [target, *general]
   solution = localization.estimate(run.plan, measured, excluded, ranking=run.ranked)
   return localization.conclude(run.settings, solution, measured, excluded, confirming, identification)
 

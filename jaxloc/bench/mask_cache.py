@@ -7,14 +7,16 @@ a confirmation stage, one top-k set found by two methods) share one evaluation.
 
 One cache holds one evaluation setting: a (model, task, documents, ablation) combination; the
 caller names it with `settings` (model, task, num_samples, sample seed, ...) and a directory. On
-disk it is a `MeasurementStore` (`measurements.npz` with every metric of every mask, written
+disk it is a `MeasurementStore` (`measurements.npz` with every metric of every mask, per document, written
 atomically after every evaluator batch, plus `run.json` with the settings), so a re-run reuses it
 and a killed run loses at most the batch in flight. Settings that differ from the saved ones are
 refused rather than mixed. With `directory=None` the cache lives in memory only (synthetic sweeps,
 where an evaluation costs microseconds and rewriting a file per batch would dominate).
 
-An evaluator is `evaluate(masks bool [M, L, H]) -> iterator of (slice of masks, {metric: [n]})`,
-yielding as batches finish (`bench.problems.real_problem` wraps `tasks.evaluation.Evaluator.batches`).
+An evaluator is `evaluate(masks bool [M, L, H]) -> iterator of (slice of masks, {metric: [n, docs]})`
+(`docs`: the cache's document count, so that a confirmation decides on intervals as a run does), or
+`{metric: [n]}` (means only: `docs=None`, a simulation), yielding as batches finish
+(`bench.problems.real_problem` wraps `tasks.evaluation.Evaluator.batches`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from jaxloc.errors import UserError
 from jaxloc.localize.measurements import MeasurementStore
 
 log = logging.getLogger(__name__)
@@ -38,31 +41,41 @@ def mask_key(mask: np.ndarray) -> bytes:
 
 
 class _MemoryStore:
-  """The part of MeasurementStore's face the cache uses, without a file."""
+  """The part of MeasurementStore's face the cache uses, without a file: each metric per document [masks, docs]
+  (docs = 1 for means only), and their means."""
 
   def __init__(self, num_layers: int, num_heads: int):
     self._masks: list[np.ndarray] = []
-    self._metrics: dict[str, list[np.ndarray]] = {}
-    self._joined: dict[str, np.ndarray] | None = None
+    self._values: dict[str, list[np.ndarray]] = {}
+    self._joined: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None  # per document, means
 
   def __len__(self) -> int:
     return sum(len(m) for m in self._masks)
 
+  def _join(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    if self._joined is None:
+      values = {k: np.concatenate(v) for k, v in self._values.items()}
+      self._joined = values, {k: v.mean(axis=1) for k, v in values.items()}
+    return self._joined
+
+  @property
+  def doc_metrics(self) -> dict[str, np.ndarray]:
+    return self._join()[0]
+
   @property
   def metrics(self) -> dict[str, np.ndarray]:
-    if self._joined is None:
-      self._joined = {k: np.concatenate(v) for k, v in self._metrics.items()}
-    return self._joined
+    return self._join()[1]
 
   def append(self, masks: np.ndarray, metrics: dict[str, np.ndarray]) -> None:
     self._masks.append(np.asarray(masks, bool))
     for name, values in metrics.items():
-      self._metrics.setdefault(name, []).append(np.asarray(values, np.float64))
+      self._values.setdefault(name, []).append(np.asarray(values, np.float64).reshape(len(masks), -1))
     self._joined = None
 
 
 class MaskCache:
-  """Metrics per mask for one evaluation setting, persisted in `directory` (None: in memory).
+  """Metrics per mask for one evaluation setting, persisted in `directory` (None: in memory); per document too when
+  the evaluator yields them (`docs`: how many).
 
   `evaluated` counts masks actually evaluated by this process, `served` the requested masks answered
   from the cache (saved earlier, measured earlier in this run, or repeated within one request);
@@ -70,15 +83,21 @@ class MaskCache:
   """
 
   def __init__(self, directory: str | None, settings: dict[str, Any], evaluate: Evaluator, num_layers: int,
-               num_heads: int, metric: str):
+               num_heads: int, metric: str, docs: int | None = None):
     self.shape = (num_layers, num_heads)
     self.directory = directory
+    self.docs = docs
     if directory is None:
       self.store = _MemoryStore(num_layers, num_heads)
       self._index: dict[bytes, int] = {}
     else:
       self.store = MeasurementStore(directory, settings, metric, num_layers, num_heads)
       self._index = {mask_key(m): i for i, m in enumerate(self.store.masks)}
+      saved = {v.shape[1] for v in (self.store.doc_metrics or {}).values()} if len(self.store) else set()
+      if docs is not None and saved and saved != {docs}:
+        raise UserError(f"{self.store.path} holds {'means only' if saved == {1} else f'{sorted(saved)} values'} per "
+                        f"mask, not the {docs} documents' values the benchmark keeps now (a cache saved before it "
+                        "kept them): move it away to measure its masks again")
     self._evaluate = evaluate
     self.loaded = len(self.store)
     self.evaluated = 0
@@ -93,6 +112,19 @@ class MaskCache:
 
   def measure(self, masks: np.ndarray) -> dict[str, np.ndarray]:
     """Every metric for every mask (bool [M, L, H]): name -> float [M]; evaluates only unseen masks."""
+    rows = self._rows(masks)
+    return {name: values[rows] for name, values in self.store.metrics.items()}
+
+  def per_doc(self, masks: np.ndarray) -> dict[str, np.ndarray]:
+    """Every metric for every mask per document: name -> float [M, docs]; evaluates only unseen masks. Only for a
+    cache of per-document values (`docs`)."""
+    if self.docs is None:
+      raise ValueError("this cache keeps means only")
+    rows = self._rows(masks)
+    return {name: values[rows] for name, values in self.store.doc_metrics.items()}
+
+  def _rows(self, masks: np.ndarray) -> np.ndarray:
+    """The store's row of every mask (bool [M, L, H]), evaluating the unseen ones."""
     masks = np.asarray(masks, bool)
     if masks.ndim != 3 or masks.shape[1:] != self.shape:
       raise ValueError(f"masks must be [masks, {self.shape[0]}, {self.shape[1]}], got {masks.shape}")
@@ -117,8 +149,7 @@ class MaskCache:
           self._index[keys[todo[i]]] = base + offset
         self.evaluated += where.stop - where.start
         start = time.perf_counter()
-    rows = np.array([self._index[k] for k in keys], np.int64)
-    return {name: values[rows] for name, values in self.store.metrics.items()}
+    return np.array([self._index[k] for k in keys], np.int64)
 
   def counts(self) -> dict[str, Any]:
     return {"saved_masks": len(self), "loaded_from_disk": self.loaded, "evaluated": self.evaluated,

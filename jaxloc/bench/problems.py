@@ -36,6 +36,8 @@ class Problem:
   objective:      the task's relaxed objective (`RetainedProbability`, timing itself) for methods that train a
                   mask, or None (generation tasks, simulation).
   evaluator:      the task on its documents (real problems; None in simulation).
+  per_doc:        bool [M, L, H] -> {metric: float [M, docs]} (real problems: the cache keeps every document's value,
+                  which a confirmation's intervals resample), or None (simulation: means only).
   memory:         what a method's plan remembers (`Context.remember`), per (variant, seed): a method that trains
                   does so once per seed, whatever the budget.
   """
@@ -51,6 +53,7 @@ class Problem:
   mask_seconds: float | None = None
   objective: RetainedProbability | None = None
   evaluator: Evaluator | None = None
+  per_doc: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
   memory: dict = dataclasses.field(default_factory=dict)
 
   @property
@@ -88,13 +91,14 @@ def real_problem(evaluator: Evaluator, model_name: str, *, output_dir: str, num_
   settings = {"model": model_name, "task": task_name, "task_options": {}, "num_samples": num_samples,
               "sample_seed": sample_seed, "docs": part, "ablation": "zero", "doc_ids": doc_ids}
   cache = MaskCache(cache_directory(output_dir, model_name, task_name, num_samples, sample_seed, part), settings,
-                    lambda masks: evaluator.batches((~np.asarray(masks, bool)).astype(np.float32)),
-                    c.num_layers, c.num_heads, task.default_metric)
+                    lambda masks: evaluator.batches((~np.asarray(masks, bool)).astype(np.float32), per_doc=True),
+                    c.num_layers, c.num_heads, task.default_metric, docs=len(docs))
   base = cache.measure(np.zeros((1, c.num_layers, c.num_heads), bool))
   metric_names = [headline_metric] + [m for m in task.metric_names if m != headline_metric]
   objective = RetainedProbability([evaluator]) if task.output_type == "loglikelihood" else None
   problem = Problem(f"{task_name} ({part})", c.num_layers, c.num_heads, cache.measure,
-                    {m: float(v[0]) for m, v in base.items()}, metric_names, objective=objective, evaluator=evaluator)
+                    {m: float(v[0]) for m, v in base.items()}, metric_names, objective=objective, evaluator=evaluator,
+                    per_doc=cache.per_doc)
   return problem, cache
 
 

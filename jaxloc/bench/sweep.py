@@ -18,7 +18,10 @@ of it would report: the general tasks are scored under the method's masks on the
 the runner's own selection (`localize.confirm.find_heads`: universal heads confirmed on held-out documents, the
 default `--selection=specific` confirmed by ablation on every task's identification documents, its extra masks
 counted) picks the top-k, which is then ablated together on the held-out documents of the target and of every
-general task. The raw ranking's top-k is judged there too (the `top_k` of a record, which recall scores).
+general task. The raw ranking's top-k is judged there too (the `top_k` of a record, which recall scores). The
+confirmation decides as a run's does (--specific_rule, --specific_max_general_drop, --general_max_samples: each drop
+with its interval from the cache's per-document values, more documents of a general task where its power or a
+straddling interval asks, counted as the record's `extra_documents`; each task's power to veto in the report).
 """
 
 from __future__ import annotations
@@ -32,18 +35,19 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxloc.bench import diagnostics
-from jaxloc.bench.judging import Judging, held_out_drops, runner_selection
+from jaxloc.bench.judging import Judging, held_out_drops, measured_on, runner_selection
 from jaxloc.bench.problems import Problem, measure_gradient, real_problem, synthetic_problem
 from jaxloc.bench.variants import (Variant, budget_masks, context, default_variants, measure_plan, needs_model,
                                    parse_variant, run_settings, run_variant)
 from jaxloc.config import SEED, setting
 from jaxloc.errors import UserError
 from jaxloc.units import head_name
-from jaxloc.localize import methods, validate
+from jaxloc.localize import confirm, decisions, methods, validate
 from jaxloc.localize.methods.base import single_head_plan
 from jaxloc.localize.methods.greedy import IterativeGreedyPlan
 from jaxloc.localize.settings import LocalizeSettings
-from jaxloc.tasks.evaluator import Evaluator, load_task_split, RetainedProbability
+from jaxloc.tasks.evaluator import Evaluator, load_more_docs, load_task_split, RetainedProbability
+from jaxloc.tasks.names import task_label
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +142,7 @@ def sweep(problem: Problem, variants: Sequence[Variant], base: LocalizeSettings,
       j = len(raw) + i  # every run has a selection when judged
       record.update(selected_top_k=names(problem, found.selected[:k]), universal=names(problem, found.universal),
                     confirmation_masks=found.confirmation_masks,
+                    extra_documents=found.confirmation.extra_documents() if found.confirmation else 0,
                     evaluations_with_confirmation=float(result.evaluations) + found.confirmation_masks)
       record.update({f"selected_{key}": value for key, value in
                      held_out_drops(held[j], {name: d[j] for name, d in others.items()}).items()})
@@ -165,7 +170,8 @@ def summarize(records: Sequence[dict[str, Any]], metric: str, k: int) -> list[di
     if "recall_planted" in group[0]:
       row["recall_planted_mean"] = float(np.mean([r["recall_planted"] for r in group]))
     for key in ("held_out_relative_drop", "max_general_relative_drop", "selected_held_out_relative_drop",
-                "selected_max_general_relative_drop", "confirmation_masks", "evaluations_with_confirmation"):
+                "selected_max_general_relative_drop", "confirmation_masks", "extra_documents",
+                "evaluations_with_confirmation"):
       if key in group[0]:
         row[f"{key}_mean"] = float(np.mean([r[key] for r in group]))
     if "selected_general_relative_drop" in group[0]:
@@ -208,6 +214,16 @@ class EfficiencyConfig:
                                 "top-k is ablated: the largest relative drop is its cost in specificity. "
                                 "A method that trains a mask also trains on their identification documents. Needs "
                                 "--validation_samples.")
+  specific_max_general_drop: float = setting(0.1, "The largest relative drop on any general task a selected head may "
+                                             "have (experiments.localize's --specific_max_general_drop).", lower=0.0,
+                                             upper=1.0)
+  specific_rule: str = setting("interval", "How the confirmation of a method's selection decides (experiments.localize's "
+                               "--specific_rule): interval, upper_bound (more documents of a general task where a "
+                               "drop's interval straddles the bound, real mode) or point (the identification "
+                               "documents' point estimates).", choices=("interval", "upper_bound", "point"))
+  general_max_samples: int = setting(800, "At most this many documents of a general task per confirmation decision "
+                                     "(experiments.localize's --general_max_samples): --num_samples, then more of the "
+                                     "task's, disjoint from the held-out ones. At least --num_samples.", lower=2)
   synthetic_sizes: list = setting([(16, 32), (32, 32)], "Synthetic mode: (layers, heads) of each problem.")
   synthetic_planted: int = setting(10, "Synthetic mode: heads with a large effect.", lower=1)
   synthetic_interaction_scale: float = setting(0.5, "Synthetic mode: sd of pairwise interactions (logits).",
@@ -220,6 +236,9 @@ class EfficiencyConfig:
       raise UserError(f"--budgets={list(self.budgets)} must be positive fractions of N")
     if not self.seeds:
       raise UserError("--seeds must name at least one seed")
+    if self.general_max_samples < self.num_samples:
+      raise UserError(f"--general_max_samples={self.general_max_samples} is below --num_samples={self.num_samples}: a "
+                      "confirmation decision uses at least the identification documents")
     variants = [parse_variant(m) for m in self.methods]
     if len({v.name for v in variants}) != len(variants):
       raise UserError(f"--methods has duplicates: {[v.name for v in variants]}")
@@ -228,7 +247,9 @@ class EfficiencyConfig:
   def base_settings(self, task: str) -> LocalizeSettings:
     """`experiments.localize`'s defaults for this task: the solver, grid and ranking users run."""
     return LocalizeSettings(model=self.model, task=task, output_dir=self.output_dir, metric=self.headline_metric,
-                            top_k=self.top_k)
+                            top_k=self.top_k, general_samples=self.num_samples,
+                            general_max_samples=self.general_max_samples, specific_rule=self.specific_rule,
+                            specific_max_general_drop=self.specific_max_general_drop)
 
 
 def ground_truth_report(problem: Problem, truth: GroundTruth, k: int) -> dict[str, Any]:
@@ -263,6 +284,7 @@ def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_na
     held_out, _ = real_problem(evaluator.on(held_docs), cfg.model, part="held_out",
                                headline_metric=cfg.headline_metric, **common)
     judging = Judging(held_out, [])
+    reserves: list[list] = [[]]
     for name in dict.fromkeys(g for g in cfg.general_tasks if g != task_name):
       g_task, g_docs, g_held = load_task_split(name, **split)
       # Identification documents as the target's are (a task benchmarked as a target shares its cache).
@@ -270,12 +292,26 @@ def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_na
       parts = [real_problem(e, cfg.model, part=part, headline_metric=g_task.default_metric, **common)[0]
                for e, part in ((identification, "all"), (identification.on(g_held), "held_out"))]
       judging.general.append((name, *parts))
+      reserves.append(load_more_docs(g_task, g_docs + g_held, cfg.general_max_samples - cfg.num_samples,
+                                     seed=cfg.sample_seed, data_dir=None))
       if g_task.output_type == "loglikelihood":
         trained_on.append(identification)
+    # Where a method's selection is confirmed, as a run confirms it (`localization.Localization.measure`).
+    judging.in_sample = validate.TaskMeasures(
+        [evaluator, *(p.evaluator for _, p, _ in judging.general)],
+        [cfg.headline_metric, *(p.headline_metric for _, p, _ in judging.general)], reserves=reserves)
   if problem.objective is not None:
     problem.objective = RetainedProbability(trained_on)
   base = cfg.base_settings(task_name)
   k = cfg.top_k
+  power_lines = []
+  if judging is not None:  # each general task's power to veto, as a run prints it at its start
+    unmeasured = np.zeros((0, problem.num_layers, problem.num_heads), bool)
+    for power in confirm.powers(base, judging.in_sample, [measured_on(p, unmeasured) for p in
+                                                         (problem, *(p for _, p, _ in judging.general))]):
+      if power is not None:
+        power_lines.append(decisions.describe_power(task_label(power.task), power.facts()))
+        log.info("%s: power to veto: %s", task_name, power_lines[-1])
   log.info("%s: baseline %s; ground truth (one-shot greedy, %d masks)", task_name, problem.baseline,
            problem.num_total)
   truth = one_shot_ground_truth(problem)
@@ -303,7 +339,8 @@ def run_task(engine, cfg: EfficiencyConfig, variants: Sequence[Variant], task_na
     report["held_out"] = {"num_docs": len(held_docs), "baseline": judging.held_out.baseline,
                           "general": {name: {"metric": p.headline_metric, "baseline": p.baseline[p.headline_metric],
                                              "num_docs": len(p.evaluator.docs)} for name, _, p in judging.general},
-                          "selection": base.selector.describe()}
+                          "selection": base.selector.describe(),
+                          "decision_rule": confirm.rule(base).describe(), "power_to_veto": power_lines}
   report["records"] = records
   report["summary"] = summarize(records, cfg.headline_metric, k)
   trained = {key: m for key, m in problem.memory.items() if "training_seconds" in m}

@@ -319,7 +319,7 @@ class Judge:
     then more documents where a straddling interval asks for them."""
     if not keys:
       return []
-    if not self.per_doc:  # means only (the efficiency benchmark's cached problems): point decisions
+    if not self.per_doc:  # means only (the efficiency benchmark's simulated problems): point decisions
       if all(len(k) == 1 for k in keys):
         drops = validate.single_head_drops([k[0] for k in keys], self.scorer)
       else:

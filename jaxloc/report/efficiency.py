@@ -107,19 +107,24 @@ def format_tables(report: dict[str, Any], k: int) -> str:
     if held and any("selected_held_out_relative_drop_mean" in r for r in summary):
       table(f"Held out, the top-{k} a run reports ({held.get('selection', 'the runner selection')}): relative drop of "
             f"{t['task']} / the largest general drop (the task largest in most seeds) / masks the confirmation added "
-            "to the method's, mean over seeds:", selected_cell)
+            "to the method's (and general-task documents its decisions scored beyond the identification documents), "
+            f"mean over seeds{'; decisions: ' + held['decision_rule'] if held.get('decision_rule') else ''}:",
+            selected_cell)
+      lines.extend([f"- power to veto: {line}" for line in held.get("power_to_veto", [])] + [""])
   return "\n".join(lines)
 
 
 def selected_cell(row: dict[str, Any], fraction: float | None = None) -> str:
-  """'task drop / largest general drop (task) / +confirmation masks' of a summary row's selection."""
+  """'task drop / largest general drop (task) / +confirmation masks (, +extra documents)' of a summary row's
+  selection."""
   del fraction
   general = row.get("selected_max_general_relative_drop_mean")
   worst = row.get("selected_worst_general_task") or {}
   task = f" ({max(worst, key=worst.get)})" if worst else ""
   return (f"{100 * row['selected_held_out_relative_drop_mean']:.0f}% / "
           + ("–" if general is None else f"{100 * general:.0f}%{task}")
-          + f" / +{row.get('confirmation_masks_mean', 0):.0f}")
+          + f" / +{row.get('confirmation_masks_mean', 0):.0f}"
+          + (f", +{row['extra_documents_mean']:.0f} docs" if row.get("extra_documents_mean") else ""))
 
 
 def cross_task_tables(report: dict[str, Any], k: int) -> str:

@@ -2,6 +2,8 @@
 registered methods driven through it (on synthetic problems and on a tiny random Llama, where the benchmark
 and `localize` give the same ranking)."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -85,6 +87,30 @@ def test_cache_serves_repeated_masks_without_evaluating_them(tmp_path):
   # Measurements made under other settings are refused, not mixed.
   with pytest.raises(UserError, match="num_samples"):
     MaskCache(str(tmp_path), dict(settings, num_samples=20), fresh, 2, 3, "accuracy")
+
+
+def test_cache_keeps_every_documents_value_and_refuses_a_cache_of_means(tmp_path):
+  """A real problem's cache keeps each document's value (what a confirmation's intervals resample), on disk too; a
+  cache saved with means only is refused with what to do, not mixed with per-document values."""
+
+  def per_doc(masks):  # 4 documents: document d scores -(ablated important heads) - d
+    score = -masks.reshape(len(masks), -1)[:, :2].sum(axis=1).astype(np.float64)
+    values = score[:, None] - np.arange(4)[None]
+    yield slice(0, len(masks)), {"accuracy": values, "logprob": 2 * values}
+
+  masks = _random_masks(5, seed=3)
+  cache = MaskCache(str(tmp_path / "docs"), {"task": "t"}, per_doc, 2, 3, "accuracy", docs=4)
+  values = cache.per_doc(masks)["accuracy"]
+  assert values.shape == (5, 4)
+  np.testing.assert_allclose(cache.measure(masks)["accuracy"], values.mean(axis=1))
+  reopened = MaskCache(str(tmp_path / "docs"), {"task": "t"}, CountingEvaluator(), 2, 3, "accuracy", docs=4)
+  np.testing.assert_array_equal(reopened.per_doc(masks)["logprob"], 2 * values)
+  means = MaskCache(str(tmp_path / "means"), {"task": "t"}, CountingEvaluator(), 2, 3, "accuracy")
+  means.measure(masks)
+  with pytest.raises(ValueError, match="means only"):
+    means.per_doc(masks)
+  with pytest.raises(UserError, match="holds means only per mask, not the 4 documents' values.*move it away"):
+    MaskCache(str(tmp_path / "means"), {"task": "t"}, per_doc, 2, 3, "accuracy", docs=4)
 
 
 def test_cache_keeps_every_finished_batch_when_the_evaluator_dies(tmp_path):
@@ -368,28 +394,37 @@ def test_every_method_is_also_judged_on_held_out_documents_and_general_tasks(tok
 
 def test_the_benchmark_judges_the_heads_the_runner_selects(tokenizer, tmp_path):
   """The benchmark's selection is the runner's (`confirm.find_heads`): same documents, masks and seed give the same
-  confirmed top-k and the same confirmation cost as `localize`, and both are ablated on the held-out documents."""
+  confirmed top-k and the same confirmation cost as `localize`, decisions on intervals included (a two-choice general
+  task the random model gets about half right, judged at a 50% bound that its documents can detect: its drops
+  straddle the bound, so both score more of its documents),
+  and both are ablated on the held-out documents."""
   from jaxloc.engine.config import EngineConfig
   from jaxloc.engine.engine import Engine
   from jaxloc.localize.localization import localize
   from tests.tiny import make_tiny
 
+  choice = tmp_path / "parity.jsonl"
+  choice.write_text("".join(json.dumps({"prompt": f"Is {i} even? Answer:", "choices": [" yes", " no"],
+                                        "label": i % 2}) + "\n" for i in range(40)))
   engine = Engine(make_tiny(tokenizer), EngineConfig(tokens_per_batch=256))
   cfg = sweep.EfficiencyConfig(output_dir=str(tmp_path / "bench"), tasks=["counting"], num_samples=6,
-                               validation_samples=4, general_tasks=["plurals"], methods=["cs_stratified-r0.2"],
+                               validation_samples=4, general_tasks=[str(choice)], methods=["cs_stratified-r0.2"],
                                budgets=[12 / 18], seeds=[0], top_k=3, headline_metric="logprob", noise_floor=False,
-                               gradient=False)
+                               gradient=False, general_max_samples=30, specific_max_general_drop=0.5)
   bench = sweep.run_task(engine, cfg, cfg.check(), "counting")
   record, = bench["records"]
   assert record["confirmation_masks"] > 0 and len(record["selected_top_k"]) == 3
   assert record["evaluations_with_confirmation"] == record["evaluations"] + record["confirmation_masks"]
   assert {"selected_held_out_relative_drop", "selected_max_general_relative_drop"} <= set(record)
+  assert record["extra_documents"] > 0 and bench["held_out"]["power_to_veto"]
   settings = cfg.base_settings("counting").replace(
       method="cs_stratified", ablation_rate=0.2, num_masks=12, seed=0, output_dir=str(tmp_path / "run"),
-      num_samples=6, validation_samples=4, general_tasks=["plurals"], general_samples=6, bootstrap=0)
+      num_samples=6, validation_samples=4, general_tasks=[str(choice)], general_samples=6, bootstrap=0,
+      general_max_samples=30, specific_max_general_drop=0.5)
   heads = localize(engine, settings, progress=False)
   assert heads["top_k"] == record["selected_top_k"] and heads["universal_heads"] == record["universal"]
   assert heads["confirmation"]["masks"] == record["confirmation_masks"]
+  assert heads["confirmation"]["extra_documents"] == record["extra_documents"]
   assert heads["num_evaluations"] == 12 + record["confirmation_masks"]
   row, = bench["summary"]
   assert row["confirmation_masks_mean"] == record["confirmation_masks"]
