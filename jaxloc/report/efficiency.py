@@ -270,15 +270,33 @@ def write_outputs(report: dict[str, Any], output_dir: str, k: int) -> str:
   return tables + f"\noutputs in {output_dir}"
 
 
+# What makes two reports of a task one problem: their methods' rows can share its table.
+SAME_PROBLEM = ("task", "model", "num_docs", "num_layers", "num_heads", "headline_metric", "baseline", "held_out")
+
+
 def combine_reports(paths: Sequence[str]) -> dict[str, Any]:
-  """The tasks of several saved efficiency.json files as one report (each keeps its own config)."""
+  """The tasks of several saved efficiency.json files as one report (each keeps its own config). Reports of one
+  problem (`SAME_PROBLEM`: e.g. one run per method on the same documents and cache) whose methods and budgets do not
+  overlap become one task, their rows in one table; others stay apart."""
   tasks, configs = [], []
   for path in paths:
     try:
       with open(path) as f:
         report = json.load(f)
-      tasks += report["tasks"]
+      for task in report["tasks"]:
+        _add_task(tasks, task)
       configs.append({"path": path, "mode": report.get("mode"), "config": report.get("config")})
     except (OSError, ValueError, KeyError) as e:
       raise UserError(f"cannot read an efficiency report from {path}: {e}") from None
   return {"mode": "combined", "sources": configs, "tasks": tasks}
+
+
+def _add_task(tasks: list[dict[str, Any]], task: dict[str, Any]) -> None:
+  rows = {(r["method"], r["budget_fraction"]) for r in task["summary"]}
+  for other in tasks:
+    if (all(other.get(k) == task.get(k) for k in SAME_PROBLEM)
+        and not rows & {(r["method"], r["budget_fraction"]) for r in other["summary"]}):
+      other["summary"] = other["summary"] + task["summary"]
+      other["records"] = other.get("records", []) + task.get("records", [])
+      return
+  tasks.append(dict(task))

@@ -2,6 +2,7 @@
 registered methods driven through it (on synthetic problems and on a tiny random Llama, where the benchmark
 and `localize` give the same ranking)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -221,6 +222,15 @@ def test_saved_reports_render_together(tmp_path):
   assert "## All tasks" in markdown and "| cs_stratified | " in markdown.split("## All tasks")[1]
   with pytest.raises(UserError, match="missing.json"):
     report.combine_reports([str(tmp_path / "missing.json")])
+  # One run per method on the same problem: one table with both methods' rows.
+  other = sweep.run(dataclasses.replace(cfg, methods=["one_shot_greedy"]), synthetic=True)
+  report.write_outputs(other, str(tmp_path / "c"), k=5)
+  merged = report.combine_reports([paths[0], str(tmp_path / "c" / "efficiency.json")])
+  (task,) = merged["tasks"]
+  assert [r["method"] for r in task["summary"]] == ["cs_stratified", "one_shot_greedy"]
+  assert len(task["records"]) == 2
+  tables = report.write_outputs(merged, str(tmp_path / "merged"), k=5)
+  assert tables.count("### synthetic N=32") == 1 and "| one_shot_greedy | " in tables.split("## All tasks")[0]
 
 
 def test_two_stage_confirms_its_candidates_by_single_head_ablation():
