@@ -26,7 +26,7 @@ from jax.typing import DTypeLike
 
 from jaxloc.engine import batching
 from jaxloc.models.config import ModelConfig
-from jaxloc.models.decoder import Ablation, OutputSpec, Resume, layer_params, lm_logits
+from jaxloc.models.decoder import Ablation, OutputSpec, Resume, greedy_tokens, layer_params
 from jaxloc.models.layers import Context
 
 Array = jax.Array
@@ -158,7 +158,7 @@ def insert_rows(module: Any, config: ModelConfig, params: Any, state: Slots, row
   out = module.apply({"params": params}, tokens, state.prefix_len + columns, ablation=state.ablation,
                      context=prefix_context(state), segments=segments, outputs=OutputSpec(kv=True), dtype=dtype)
   last = jnp.take_along_axis(out.hidden, jnp.maximum(lengths - 1, 0)[..., None, None], axis=2)[:, :, 0]
-  first = jnp.argmax(lm_logits(config, params, last), axis=-1).astype(jnp.int32)
+  first = greedy_tokens(config, params, last)
   mi = jnp.arange(slots)[:, None]
   at = lambda a: a.at[mi, row]  # noqa: E731  [Ms, Ri] entries of a [Ms, Rs, ...] array
   return dataclasses.replace(
@@ -219,7 +219,7 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
     hidden, new_k, new_v = jax.lax.optimization_barrier((out.hidden, out.k, out.v))
     k = tuple(lk.at[mi, ri, :, s.length].set(new[:, :, 0], mode="drop") for lk, new in zip(k, new_k))
     v = tuple(lv.at[mi, ri, :, :, s.length].set(new[:, :, 0], mode="drop") for lv, new in zip(v, new_v))
-    following = jnp.argmax(lm_logits(config, params, hidden[:, :, 0]), axis=-1).astype(jnp.int32)
+    following = greedy_tokens(config, params, hidden[:, :, 0])
     s = dataclasses.replace(s, length=s.length + ~done, current=jnp.where(done, s.current, following),
                             tokens=tokens, count=count, done=done, automaton=automaton)
     return step + 1, k, v, s

@@ -28,6 +28,7 @@ Tokens are [M, R, S]: every mask has its own batch of requests, which may share 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -412,6 +413,38 @@ def layer_params(stacked: Any, num_layers: int) -> tuple[Any, ...]:
   `params["layers"]` with per-layer caches (`Transformer.unrolled`), they are sliced where this runs: before a decode
   loop, once per call, instead of in every step."""
   return tuple(jax.tree.map(lambda a: a[index], stacked) for index in range(num_layers))  # noqa: B023
+
+
+def greedy_tokens(config: ModelConfig, params, hidden: Array) -> Array:
+  """int32 [...]: the argmax of `lm_logits` over the vocabulary for final-normed hidden states [..., D] (the first of
+  equal maxima, as `jnp.argmax`): greedy decoding's next tokens, for a few rows against a large vocabulary.
+
+  With tied embeddings the logits are computed vocabulary-major, [V, N] = embedding [V, D] @ hidden [D, N]: the
+  embedding is the matmul's long operand, streamed, where [N, V] = hidden @ embedding.T re-packs all of it in every
+  call (XLA:CPU, 2 AVX2 cores, 32 rows of Gemma 3's 262,144 tokens: 146 ms against 184 ms). The argmax over that leading
+  axis is taken in blocks of the vocabulary (`_argmax_rows`). An untied `lm_head` [D, V] keeps `lm_logits`' layout
+  (its transpose would be copied)."""
+  lead = hidden.shape[:-1]
+  flat = hidden.reshape(-1, hidden.shape[-1])
+  if not config.tie_word_embeddings:
+    return jnp.argmax(lm_logits(config, params, flat), axis=-1).astype(jnp.int32).reshape(lead)
+  embedding = params["embed"]["embedding"]
+  logits = jnp.einsum("vd,nd->vn", embedding.astype(flat.dtype), flat, preferred_element_type=jnp.float32)
+  if config.final_softcap is not None:
+    logits = jnp.tanh(logits / config.final_softcap) * config.final_softcap
+  return _argmax_rows(logits).reshape(lead)
+
+
+def _argmax_rows(logits: Array) -> Array:
+  """int32 [N]: `jnp.argmax(logits, axis=0)` of [V, N], in blocks of the vocabulary: the argmax within each block,
+  then the first block holding the maximum. XLA:CPU's argmax over a long leading axis took 47 ms for [262144, 32]
+  where a max takes 2 ms; in blocks of 2,048 it takes 14 ms."""
+  vocab, rows = logits.shape
+  block = math.gcd(vocab, 2048)
+  blocks = logits.reshape(vocab // block, block, rows)
+  within = jnp.argmax(blocks, axis=1)  # [V / block, N]
+  first = jnp.argmax(blocks.max(axis=1), axis=0)  # [N]: the first block holding each row's maximum
+  return (first * block + within[first, jnp.arange(rows)]).astype(jnp.int32)
 
 
 def lm_logits(config: ModelConfig, params, hidden: Array) -> Array:
