@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from jaxloc import files
+from jaxloc.bench import sweep
 from jaxloc.bench.variants import budget_masks
 from jaxloc.errors import UserError
 
@@ -276,27 +277,32 @@ SAME_PROBLEM = ("task", "model", "num_docs", "num_layers", "num_heads", "headlin
 
 def combine_reports(paths: Sequence[str]) -> dict[str, Any]:
   """The tasks of several saved efficiency.json files as one report (each keeps its own config). Reports of one
-  problem (`SAME_PROBLEM`: e.g. one run per method on the same documents and cache) whose methods and budgets do not
-  overlap become one task, their rows in one table; others stay apart."""
-  tasks, configs = [], []
+  problem (`SAME_PROBLEM` and the same top-k: e.g. one run per method, or per seed, on the same documents and cache)
+  whose runs (method, budget, seed) do not overlap become one task: their records together, summarized again over
+  every seed of a method and budget (`sweep.summarize`), in one table. Others stay apart."""
+  tasks: list[tuple[dict[str, Any], int | None]] = []  # each with its report's top-k
+  configs = []
   for path in paths:
     try:
       with open(path) as f:
         report = json.load(f)
       for task in report["tasks"]:
-        _add_task(tasks, task)
+        _add_task(tasks, task, (report.get("config") or {}).get("top_k"))
       configs.append({"path": path, "mode": report.get("mode"), "config": report.get("config")})
     except (OSError, ValueError, KeyError) as e:
       raise UserError(f"cannot read an efficiency report from {path}: {e}") from None
-  return {"mode": "combined", "sources": configs, "tasks": tasks}
+  return {"mode": "combined", "sources": configs, "tasks": [task for task, _ in tasks]}
 
 
-def _add_task(tasks: list[dict[str, Any]], task: dict[str, Any]) -> None:
-  rows = {(r["method"], r["budget_fraction"]) for r in task["summary"]}
-  for other in tasks:
-    if (all(other.get(k) == task.get(k) for k in SAME_PROBLEM)
-        and not rows & {(r["method"], r["budget_fraction"]) for r in other["summary"]}):
-      other["summary"] = other["summary"] + task["summary"]
-      other["records"] = other.get("records", []) + task.get("records", [])
+def _runs(task: dict[str, Any]) -> set[tuple[Any, ...]]:
+  return {(r["method"], r["budget_fraction"], r["seed"]) for r in task["records"]}
+
+
+def _add_task(tasks: list[tuple[dict[str, Any], int | None]], task: dict[str, Any], k: int | None) -> None:
+  for other, other_k in tasks:
+    if (k is not None and other_k == k and all(other.get(key) == task.get(key) for key in SAME_PROBLEM)
+        and not _runs(other) & _runs(task)):
+      other["records"] = other["records"] + task["records"]
+      other["summary"] = sweep.summarize(other["records"], other["headline_metric"], k)
       return
-  tasks.append(dict(task))
+  tasks.append((dict(task), k))

@@ -231,6 +231,15 @@ def test_saved_reports_render_together(tmp_path):
   assert len(task["records"]) == 2
   tables = report.write_outputs(merged, str(tmp_path / "merged"), k=5)
   assert tables.count("### synthetic N=32") == 1 and "| one_shot_greedy | " in tables.split("## All tasks")[0]
+  # One run per seed of a method: its records together, its row summarized over both seeds.
+  seed1 = sweep.run(dataclasses.replace(cfg, seeds=[1]), synthetic=True)
+  report.write_outputs(seed1, str(tmp_path / "d"), k=5)
+  merged = report.combine_reports([paths[0], str(tmp_path / "d" / "efficiency.json")])
+  (task,) = merged["tasks"]
+  (row,) = task["summary"]
+  assert row["seeds"] == 2 and sorted(r["seed"] for r in task["records"]) == [0, 1]
+  recalls = [r["recall"][task["headline_metric"]] for r in task["records"]]
+  assert row["recall_mean"] == pytest.approx(np.mean(recalls))
 
 
 def test_two_stage_confirms_its_candidates_by_single_head_ablation():
