@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxloc.models.config import ModelConfig
-from jaxloc.models.layers import MLP, Attention, Context, norm, rotary_tables
+from jaxloc.models.layers import MLP, Attention, Context, norm, out_major, rotary_tables
 
 Array = jax.Array
 
@@ -249,6 +249,7 @@ class DecoderLayer(nn.Module):
   config: ModelConfig
   param_dtype: Any = jnp.float32
   outputs: OutputSpec = OutputSpec()
+  out_major: bool = False  # kernels stored output-major (`layers.out_major`): the unrolled decode step's layout
 
   def setup(self):
     cfg = self.config
@@ -258,8 +259,8 @@ class DecoderLayer(nn.Module):
     if cfg.post_norm:
       self.post_attn_norm = norm(cfg, self.param_dtype)
       self.post_mlp_norm = norm(cfg, self.param_dtype)
-    self.attn = Attention(cfg, self.param_dtype)
-    self.mlp = MLP(cfg, self.param_dtype)
+    self.attn = Attention(cfg, self.param_dtype, self.out_major)
+    self.mlp = MLP(cfg, self.param_dtype, self.out_major)
 
   def __call__(self, x: Array, layer: LayerInputs, shared: SharedInputs):
     if shared.mask_starts is not None:  # masks that start later enter this layer unablated (`Resume.starts`)
@@ -398,7 +399,7 @@ class Transformer(nn.Module):
     params = self.variables["params"]["layers"]
     if not isinstance(params, tuple):  # stacked [L, ...]: sliced here (`layer_params` slices once, outside a loop)
       params = layer_params(params, cfg.num_layers)
-    step = DecoderLayer(cfg, self.param_dtype, outputs, parent=None)
+    step = DecoderLayer(cfg, self.param_dtype, outputs, out_major=True, parent=None)
     collected = []
     for index, cache in enumerate(caches):
       own = jax.tree.map(lambda a: a[index], layer)  # noqa: B023  (used at once)
@@ -409,10 +410,10 @@ class Transformer(nn.Module):
 
 
 def layer_params(stacked: Any, num_layers: int) -> tuple[Any, ...]:
-  """The decoder layers' parameters [L, ...] (`params["layers"]`) as L trees, one per layer. Given as
-  `params["layers"]` with per-layer caches (`Transformer.unrolled`), they are sliced where this runs: before a decode
-  loop, once per call, instead of in every step."""
-  return tuple(jax.tree.map(lambda a: a[index], stacked) for index in range(num_layers))  # noqa: B023
+  """The decoder layers' parameters [L, ...] (`params["layers"]`) as L trees, one per layer, each kernel output-major
+  (`layers.out_major`, the layout `Transformer.unrolled` reads). Given as `params["layers"]` with per-layer caches,
+  they are sliced and laid out where this runs: before a decode loop, once per call, instead of in every step."""
+  return tuple(out_major(jax.tree.map(lambda a: a[index], stacked)) for index in range(num_layers))  # noqa: B023
 
 
 def greedy_tokens(config: ModelConfig, params, hidden: Array) -> Array:
