@@ -139,27 +139,37 @@ KERNEL_INPUTS = {"q_kernel": 1, "k_kernel": 1, "v_kernel": 1, "o_kernel": 3, "ga
                  "down_kernel": 1}
 
 
+def stored_shape(name: str, shape: tuple[int, ...], output_major: bool) -> tuple[int, ...]:
+  """The shape kernel `name` of checkpoint shape [*inputs, *outputs] is stored in: output-major, [*outputs, *inputs]."""
+  held = KERNEL_INPUTS[name]
+  return shape[held:] + shape[:held] if output_major else shape
+
+
 def out_major(params: Any) -> Any:
   """A layer's parameters (one layer's tree, `decoder.layer_params`) with every kernel stored output-major, as
   `Attention` and `MLP` read them with `out_major=True`: a copy of each kernel."""
 
   def move(path, a):
-    inputs = KERNEL_INPUTS.get(getattr(path[-1], "key", None))
-    return a if inputs is None else a.transpose(tuple(range(inputs, a.ndim)) + tuple(range(inputs)))
+    name = getattr(path[-1], "key", None)
+    if name not in KERNEL_INPUTS:
+      return a
+    order = stored_shape(name, tuple(range(a.ndim)), True)  # each stored axis as an axis of the checkpoint layout
+    return a.transpose(order)
 
   return jax.tree_util.tree_map_with_path(move, params)
 
 
-def project(x: Array, kernel: Array, inputs: int, out_major: bool) -> Array:
-  """x [..., *in] through a kernel [*in, *out] (or [*out, *in] when `out_major`; `inputs` is len(in)): [..., *out].
+def project(x: Array, kernel: Array, num_inputs: int, output_major: bool) -> Array:
+  """x [..., *in] through a kernel [*in, *out] (or [*out, *in] when `output_major`; `num_inputs` is len(in)):
+  [..., *out].
 
   Output-major, the product is a 2-D one with the kernel as its left operand, [out, in] @ [in, rows]: for the few rows
-  of a decode step, XLA:CPU streams the kernel as it lies where it otherwise re-packs all of it in every call (at 32
-  rows, Gemma 3 270M's gate, down and q projections took 1.5-2.3x less time so on 2 AVX2 cores)."""
-  if not out_major:
-    return jnp.tensordot(x, kernel, inputs)
-  lead, width = x.shape[:x.ndim - inputs], math.prod(x.shape[x.ndim - inputs:])
-  outputs = kernel.shape[:kernel.ndim - inputs]
+  of a decode step, XLA:CPU then streams the kernel as it lies, where as the right operand it re-packs all of it in
+  every call."""
+  if not output_major:
+    return jnp.tensordot(x, kernel, num_inputs)
+  lead, width = x.shape[:x.ndim - num_inputs], math.prod(x.shape[x.ndim - num_inputs:])
+  outputs = kernel.shape[:kernel.ndim - num_inputs]
   y = kernel.reshape(-1, width) @ x.reshape(-1, width).T
   return y.T.reshape(lead + outputs)
 
@@ -197,9 +207,8 @@ class Attention(nn.Module):
     dtype = x.dtype
 
     def dense(name, inputs, shape):  # shape: [*in, *out], as checkpoints store it
-      held = KERNEL_INPUTS[name]
-      stored = shape[held:] + shape[:held] if self.out_major else shape
-      return project(inputs, self.param(name, init, stored, self.param_dtype).astype(dtype), held, self.out_major)
+      kernel = self.param(name, init, stored_shape(name, shape, self.out_major), self.param_dtype).astype(dtype)
+      return project(inputs, kernel, KERNEL_INPUTS[name], self.out_major)
 
     def bias(name, shape, enabled):
       return self.param(name, nn.initializers.zeros, shape, self.param_dtype).astype(dtype) if enabled else 0
@@ -281,9 +290,9 @@ class MLP(nn.Module):
     init = nn.initializers.normal(0.02)
 
     def dense(name, inputs, shape):  # shape: [in, out], as checkpoints store it
-      stored = shape[::-1] if self.out_major else shape
+      stored = stored_shape(f"{name}_kernel", shape, self.out_major)
       kernel = self.param(f"{name}_kernel", init, stored, self.param_dtype).astype(x.dtype)
-      y = project(inputs, kernel, 1, self.out_major)
+      y = project(inputs, kernel, KERNEL_INPUTS[f"{name}_kernel"], self.out_major)
       if cfg.mlp_bias:
         y = y + self.param(f"{name}_bias", nn.initializers.zeros, shape[-1:], self.param_dtype).astype(x.dtype)
       return y

@@ -325,11 +325,18 @@ def interrupt_command(command: str, args: list[str], env: dict[str, str], store:
   """Runs the command and sends it SIGINT, as Ctrl-C in a terminal does, once `store` holds a measured mask."""
   import numpy as np
 
-  # SIGINT as a terminal delivers it to its foreground command, even where these tests run in the background (a shell
-  # starts a background command with SIGINT ignored, and a child inherits that: the run would never see the signal).
-  proc = subprocess.Popen([sys.executable, "-m", f"experiments.{command}", *args], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  # SIGINT as a terminal delivers it to its foreground command, even where these tests run in the background: a shell
+  # starts a background command with SIGINT ignored, and a child inherits an ignored signal (the run would never see
+  # it), where a handled one starts at its default. So this process handles SIGINT while it starts the run.
+  ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+  if ignored:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    proc = subprocess.Popen([sys.executable, "-m", f"experiments.{command}", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  finally:
+    if ignored:
+      signal.signal(signal.SIGINT, signal.SIG_IGN)
   deadline = time.monotonic() + timeout
   while proc.poll() is None and time.monotonic() < deadline:
     try:

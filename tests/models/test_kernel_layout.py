@@ -53,6 +53,11 @@ def test_out_major_moves_each_kernels_inputs_last(family):
     else:
       np.testing.assert_array_equal(after, before)
   assert sorted(moved) == sorted(KERNEL_INPUTS)
+  # Written out for BASE (D 24, F 40, K 2, G 3, Dh 8), not derived from KERNEL_INPUTS: outputs first.
+  expected = {"q_kernel": (2, 3, 8, 24), "k_kernel": (2, 8, 24), "v_kernel": (2, 8, 24), "o_kernel": (24, 2, 3, 8),
+              "gate_kernel": (40, 24), "up_kernel": (40, 24), "down_kernel": (24, 40)}
+  shapes = {path[-1].key: a.shape for path, a in jax.tree_util.tree_leaves_with_path(laid_out)}
+  assert {name: shapes[name] for name in expected} == expected
 
 
 @pytest.mark.parametrize("family", FAMILIES)
