@@ -11,8 +11,9 @@ fusion's operands and outputs; a slice or an in-place update only over the part 
 loop body by its known trip count; with every trip count taken as one it reproduces XLA's own total, which checks
 the walk. `step_cost` compiles the decode call for one step with abstract parameters (nothing is allocated) and
 splits its bytes into the step (the decode loop's body) and the call's own (once per chunk of `CHUNK_STEPS` steps:
-slicing every layer's weights before the loop), with the largest instructions of the step; `amortized_ratio` adds
-the call's own bytes spread over a chunk.
+the state's bookkeeping outside the loop; the layers' weights come laid out once per job,
+`generation_kernels.decode_layers`), with the largest instructions of the step; `amortized_ratio` adds the call's own
+bytes spread over a chunk.
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ def step_cost(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, ca
   c, sds, i32 = config, jax.ShapeDtypeStruct, jnp.int32
   span = span or cache
   module = Transformer(c, param_dtype=dtype)
-  params = memory._params(c, dtype)  # noqa: SLF001  (the abstract parameter tree of memory.py)
+  params = memory.decode_params(c, dtype)
   state = generation_kernels.slot_shapes(c, dtype, slots=slots, rows=rows, prefix=prefix, cache=cache, new=new)
   decode = jax.jit(functools.partial(generation_kernels.decode, module, c, dtype=dtype), static_argnames=("steps",
                                                                                                           "span"),

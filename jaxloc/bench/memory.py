@@ -124,6 +124,13 @@ def _params(config: ModelConfig, dtype):
   return jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), tokens, tokens)["params"])
 
 
+def decode_params(config: ModelConfig, dtype) -> dict[str, Any]:
+  """The abstract parameters a decode call takes: the model's, its layers as a generation job lays them out once
+  (`generation_kernels.decode_layers`); as many bytes as `param_bytes`."""
+  params = _params(config, dtype)
+  return dict(params, layers=jax.eval_shape(functools.partial(generation_kernels.decode_layers, config), params))
+
+
 def plan(config: ModelConfig, shape: TaskShape, dtype, memory_budget: int, tokens_per_batch: int
          ) -> planner.ScoringBatches:
   """The engine's plan for `shape` with `memory_budget` bytes for one call (the question the engine's layouts ask
@@ -221,7 +228,9 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
   """XLA's bytes beyond the parameters of a generation job's calls at this layout, each compiled as the generator
   jits it (the state donated). A call's bytes are its temporaries, outputs and non-parameter arguments
   (`compiled_bytes`), plus what the job keeps alive that the call does not take: the state (`generation_kernels.Slots`),
-  the unablated prefix (`generation_kernels.unablated_prefix`, kept while masks load) and the stop-string tables.
+  the unablated prefix (`generation_kernels.unablated_prefix`, kept while masks load), the stop-string tables and the
+  layers' weights laid out for decoding (`generation_kernels.decode_layers`; a decode call takes them in place of the
+  stacked layers, whose bytes they equal).
 
     prefix       the unablated prefill of the prefix (the state is alive)
     load         `load_masks` of as many masks as one call loads (`Planner.load_masks`), resuming from the
@@ -239,32 +248,34 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
   unablated = (sds((c.num_layers, prefix, c.hidden_size), dtype),
                sds((c.num_layers, prefix, c.num_kv_heads, c.head_dim), dtype),
                sds((c.num_layers, prefix, c.num_kv_heads, c.head_dim), dtype))
-  held = {"state": _nbytes(state), "unablated": _nbytes(unablated), "tables": _nbytes(tables)}
+  weights = decode_params(c, dtype)
+  held = {"state": _nbytes(state), "unablated": _nbytes(unablated), "tables": _nbytes(tables),
+          "weights": _nbytes(weights["layers"])}
 
-  def call(fn, *args, alive=(), **static):
-    return compiled_bytes(fn.lower(params, *args, **static), params_size) + sum(held[k] for k in alive)
+  def call(fn, *args, alive=(), given=params, **static):
+    return compiled_bytes(fn.lower(given, *args, **static), params_size) + sum(held[k] for k in alive)
 
   result = {}
   jit = functools.partial(jax.jit, keep_unused=True)  # every parameter an argument, as `params_size` counts them
   prefix_fn = jit(functools.partial(generation_kernels.unablated_prefix, module, dtype=dtype))
-  result["prefix"] = call(prefix_fn, sds((prefix,), i32), alive=("state", "tables"))
+  result["prefix"] = call(prefix_fn, sds((prefix,), i32), alive=("state", "tables", "weights"))
   load_fn = jit(functools.partial(generation_kernels.load_masks, module, dtype=dtype), donate_argnums=(1,))
   loaded = planner.Planner(c, GIB, 65536, jnp.dtype(dtype).itemsize).load_masks(slots, prefix)
   masks = Ablation(head_mask=sds((loaded, c.num_layers, c.num_heads), dtype))
   result["load"] = call(load_fn, state, sds((loaded,), i32), masks, sds((prefix,), i32), (sds((), i32), *unablated),
-                        alive=("tables",))
+                        alive=("tables", "weights"))
   insert_fn = jit(functools.partial(generation_kernels.insert_rows, module, c, dtype=dtype),
                   static_argnames=("pad_id",),
                       donate_argnums=(1,))
   inserted = inserted or rows
   result["insert"] = call(insert_fn, state, sds((slots, inserted), i32), sds((slots, inserted, suffix), i32),
-                          sds((slots, inserted), i32), alive=("unablated", "tables"), pad_id=0)
+                          sds((slots, inserted), i32), alive=("unablated", "tables", "weights"), pad_id=0)
   decode_fn = jit(functools.partial(generation_kernels.decode, module, c, dtype=dtype), static_argnames=("steps",
                                                                                                          "span"),
                   donate_argnums=(1,))
   for span in generation_spans(cache):
-    result[f"decode_{span}"] = call(decode_fn, state, *tables, sds((), i32), alive=("unablated",), steps=CHUNK_STEPS,
-                                    span=span)
+    result[f"decode_{span}"] = call(decode_fn, state, *tables, sds((), i32), alive=("unablated", "weights"),
+                                    given=weights, steps=CHUNK_STEPS, span=span)
   result["peak"] = max(result.values())
   result["state"] = held["state"]
   return result

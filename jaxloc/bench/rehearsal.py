@@ -131,7 +131,7 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   generation_xla = memory.generation_xla_bytes(config, compile_dtype, slots, rows, prefix, suffix, new,
                                                job.stop_states, plans.insert_rows(slots, rows, suffix))
   module = Transformer(config, param_dtype=compile_dtype)
-  params = memory._params(config, compile_dtype)  # noqa: SLF001  (the abstract parameter tree of memory.py)
+  params = memory.decode_params(config, compile_dtype)
   decode = jax.jit(functools.partial(generation_kernels.decode, module, config, dtype=compile_dtype),
                    static_argnames=("steps", "span"), donate_argnums=(1,))
   state = generation_kernels.slot_shapes(config, compile_dtype, slots=slots, rows=rows, prefix=prefix,

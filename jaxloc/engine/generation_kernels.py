@@ -180,22 +180,30 @@ def decode_span(needed: int, cache: int) -> int:
   return span if 3 * span <= cache else cache
 
 
+def decode_layers(config: ModelConfig, params: Any) -> tuple[Any, ...]:
+  """Every decoder layer's parameters as `decode` reads them: sliced from the stacked [L, ...] and laid out
+  output-major (`decoder.layer_params`; `Transformer.unrolled` reads each where it lies). A generation job makes them
+  once, a copy of the layers' weights that it holds throughout (`Planner.generation_terms`), and gives them to every
+  decode call as `params["layers"]`."""
+  return layer_params(params["layers"], config.num_layers)
+
+
 def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids: Array, stop_next: Array,
            stop_hit: Array, budget: Array, *, steps: int, span: int, dtype: DTypeLike) -> Slots:
   """Up to `steps` greedy steps of every live row (fewer once all are done), reading each row's cache up to `span`.
 
+  params: the model's, with `params["layers"]` as `decode_layers` lays them out (once per job, not per call).
   A step emits each live row's current token, ends the row on EOS (eos_ids [E]), a stop string (stop_next, stop_hit
   [V, Q], `stops.stop_tables`) or its `budget`-th token (int32 scalar, at most T), and feeds the token through the
   model to pick the next. The caller picks `span` at least every live row's length + steps.
   """
+  if not isinstance(params["layers"], tuple):
+    raise ValueError("decode reads params['layers'] as decode_layers lays them out (one tree per layer)")
   slots, rows = state.length.shape
   emitted = state.tokens.shape[2]
   mi, ri = jnp.arange(slots)[:, None], jnp.arange(rows)[None, :]
   context = prefix_context(state)
   positions = (state.prefix_len + jnp.arange(span))[None, None]
-
-  # Each layer's weights sliced once per call, outside the loop (`Transformer.unrolled` reads them where they lie).
-  unrolled = dict(params, layers=layer_params(params["layers"], config.num_layers))
   Carry = tuple[Array, tuple[Array, ...], tuple[Array, ...], Slots]
 
   def cond(carry: Carry) -> Array:
@@ -212,7 +220,7 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
     # `valid` is `span` wide: each layer's attention reads the first `span` entries of its cache (`layers.Attention`).
     valid = jnp.arange(span)[None, None] < s.length[..., None]
     cache = tuple(Context(lk, lv, valid, positions) for lk, lv in zip(k, v))
-    out = module.apply({"params": unrolled}, s.current[..., None], (s.prefix_len + s.length)[..., None],
+    out = module.apply({"params": params}, s.current[..., None], (s.prefix_len + s.length)[..., None],
                        ablation=s.ablation, context=context, cache=cache, outputs=OutputSpec(kv=True), dtype=dtype)
     # The new keys/values are written once the step has read every cache: so the writes are in place (without this
     # order XLA copies each layer's whole cache before writing it, as nothing orders the reads first).

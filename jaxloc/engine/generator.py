@@ -84,9 +84,10 @@ class Generator:
                                donate_argnums=(1,))
     self._insert_fn = shared.jit(functools.partial(generation_kernels.insert_rows, module, config, dtype=dtype),
                                  static_argnames=("pad_id",), donate_argnums=(1,))
+    self._layers_fn = shared.jit(functools.partial(generation_kernels.decode_layers, config))
     self._decode_fn = shared.jit(functools.partial(generation_kernels.decode, module, config, dtype=dtype),
                                  static_argnames=("steps", "span"), donate_argnums=(1,))
-    self.jitted = (self._prefix_fn, self._load_fn, self._insert_fn, self._decode_fn)
+    self.jitted = (self._prefix_fn, self._load_fn, self._insert_fn, self._layers_fn, self._decode_fn)
     self._stop_cache: dict[tuple[str, ...], tuple[jax.Array, ...]] = {}
     self._token_strings: list[str] | None = None
     self._layouts: dict = {}  # (masks, docs, prefix, suffix, new, kinds) -> GenerationSlots, measured once
@@ -156,12 +157,13 @@ class Generator:
 
   # --- planning -------------------------------------------------------------------------------------------------
 
-  def _decode_args(self, state: generation_kernels.Slots, tables: tuple[jax.Array, ...],
+  def _decode_args(self, weights: dict[str, Any], state: generation_kernels.Slots, tables: tuple[jax.Array, ...],
                    eos_ids: jax.Array) -> tuple[Any, ...]:
-    return (self.shared.placement.params, state, eos_ids, tables[0], tables[1], jnp.int32(0))
+    return (weights, state, eos_ids, tables[0], tables[1], jnp.int32(0))
 
   def _layout(self, key: Hashable, masks: Masks, fill: Fills, num_masks: int, num_docs: int, prefix: int,
-              suffix: int, new: int, tables: tuple[jax.Array, ...], eos_ids: jax.Array) -> GenerationSlots:
+              suffix: int, new: int, tables: tuple[jax.Array, ...], eos_ids: jax.Array,
+              weights: dict[str, Any]) -> GenerationSlots:
     """The planner's slots for this job's shapes; where its estimate comes near the budget, XLA's memory analysis of
     the compiled decode call (its largest span) confirms it, or the layout shrinks (`Planner.smaller`) until XLA
     measures one under the budget (each executable is kept, and the chosen one runs the job)."""
@@ -173,9 +175,10 @@ class Generator:
     if layout.estimated_bytes > MEASURE_ABOVE * planner.budget:
       while True:  # from here on XLA decides, down to a layout it has measured under the budget
         abstract = self._abstract(Job(layout, 1, prefix, suffix, new), masks, fill)
-        executable = self._decode_fn.executable(*self._decode_args(abstract, tables, eos_ids), steps=CHUNK_STEPS,
-                                                span=suffix + new)
-        measured = xla_bytes(executable, self.shared.placement.params)
+        executable = self._decode_fn.executable(*self._decode_args(weights, abstract, tables, eos_ids),
+                                                steps=CHUNK_STEPS, span=suffix + new)
+        # The laid-out layers are the job's own copy: they count, the rest of the parameters does not.
+        measured = xla_bytes(executable, {k: v for k, v in weights.items() if k != "layers"})
         log.info("generation: %d mask slots x %d rows, planner %.2f GiB, XLA %.2f GiB (budget %.2f GiB)",
                  layout.slots, layout.rows, layout.estimated_bytes / GIB, measured / GIB, planner.budget / GIB)
         if measured <= planner.budget:
@@ -208,7 +211,11 @@ class Generator:
     new = batching.bucket_pow2(max_new)
     kinds = (masks.heads is not None, masks.neurons is not None, fill.heads is not None, fill.neurons is not None)
     key = (batching.bucket_pow2(len(masks)), batching.bucket_pow2(len(docs)), prefix_width, suffix_width, new, kinds)
-    layout = self._layout(key, masks, fill, len(masks), len(docs), prefix_width, suffix_width, new, tables, eos_ids)
+    # Every layer's weights as the decode steps read them, laid out once for the job (`decode_layers`).
+    weights = dict(place.params, layers=self._layers_fn(place.params))
+    shared.stats.calls += 1
+    layout = self._layout(key, masks, fill, len(masks), len(docs), prefix_width, suffix_width, new, tables, eos_ids,
+                          weights)
     job = Job(layout, prefix_len, prefix_width, suffix_width, new)
     slots, rows = layout.slots, layout.rows
     start = time.perf_counter()
@@ -245,7 +252,7 @@ class Generator:
       if not live.any():
         break
       span = generation_kernels.decode_span(int(length[live].max()) + CHUNK_STEPS, job.cache)
-      args = self._decode_args(state, tables, eos_ids)[:-1] + (budget,)
+      args = self._decode_args(weights, state, tables, eos_ids)[:-1] + (budget,)
       state = self._decode_fn.executable(*args, steps=CHUNK_STEPS, span=span)(*args)
       shared.stats.calls += 1
       done, count, length = (np.array(to_host(a)) for a in (state.done, state.count, state.length))
@@ -362,10 +369,11 @@ class Generator:
     return out
 
 
-def xla_bytes(executable: Any, params: Any) -> int:
-  """What a compiled call holds beyond the parameters, by XLA's `memory_analysis()`: temporaries, arguments and
-  outputs, an output that reuses a donated argument's buffer counted once."""
-  analysis = executable.memory_analysis()  # per device: so are the parameters' bytes taken off
-  param_bytes = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(params))
+def xla_bytes(executable: Any, resident: Any) -> int:
+  """What a compiled call holds beyond `resident` (the model's parameter arrays among its arguments, in memory
+  whether it runs or not), by XLA's `memory_analysis()`: temporaries, arguments and outputs, an output that reuses a
+  donated argument's buffer counted once."""
+  analysis = executable.memory_analysis()  # per device: so are the resident arrays' bytes taken off
+  resident_bytes = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(resident))
   return int(analysis.temp_size_in_bytes + analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-             - analysis.alias_size_in_bytes - param_bytes)
+             - analysis.alias_size_in_bytes - resident_bytes)

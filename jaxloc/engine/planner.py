@@ -275,30 +275,24 @@ class Planner:
 
   def generation_terms(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1
                        ) -> dict[str, int]:
-    """What a generation job holds beyond the parameters, term by term. Across the job: the mask slots' prefix
+    """What a generation job holds beyond the parameters, term by term. Across the job: every layer's weights as the
+    decode steps read them (`generation_kernels.decode_layers`, laid out once per job), the mask slots' prefix
     keys/values, every row's own cache (suffix and new tokens), the unablated prefix (residual streams, keys and
     values of every layer: masks resume above their first ablated layer from it), the stop-string automaton's tables
-    ([vocab, stop_states], int32 and bool). Within a call, the larger of: a decode chunk (every layer's weights,
-    sliced once per call for the unrolled layers, `generation.decode`; one layer's caches copied, every layer's cache
-    sliced to a short span; one token per row
-    attending to the prefix and its cache: three float32 copies of the scores) and a prefill of `insert_rows` rows
-    per mask slot (as a scoring call, plus the inserted rows' keys/values of every layer before they go into the
-    cache).
+    ([vocab, stop_states], int32 and bool). Within a call, the larger of: a decode chunk (one layer's caches copied,
+    every layer's cache sliced to a short span; one token per row attending to the prefix and its cache: three
+    float32 copies of the scores) and a prefill of `insert_rows` rows per mask slot (as a scoring call, plus the
+    inserted rows' keys/values of every layer before they go into the cache).
 
     The terms follow XLA's `memory_analysis()` of the compiled calls (`experiments.benchmark_memory
     --parts=generation`, every preset): never under."""
     c = self.model
     kv = 2 * c.num_kv_heads * c.head_dim * self.dtype_bytes  # one token's keys and values in one layer
     cache = suffix + new
-    # Every layer's weights sliced for the call (live through the logits too, which `activation_bytes` counts instead
-    # of its one layer's slice), and the output projection of every layer once more: XLA lays it out again for its
-    # matmul, outside the loop.
-    weights = (c.num_layers * layer_weight_bytes(c, self.dtype_bytes)
-               + c.num_layers * c.num_heads * c.head_dim * c.hidden_size * self.dtype_bytes)
     # A chunk reading a span below the cache holds every layer's cache sliced to it: at most a third of the caches
     # (`generation.decode_span`).
     spans = c.num_layers * slots * rows * (cache // 3) * kv
-    decode = (self.activation_bytes(slots, rows, 1, 0, 1) + weights + spans
+    decode = (self.activation_bytes(slots, rows, 1, 0, 1) + spans
               + 3 * 4 * slots * rows * c.num_heads * (prefix + cache) + slots * rows * cache * kv)
     inserted = self.insert_rows(slots, rows, suffix)
     # The scoring formula's prefill, less its prefix keys/values (held above), 5% over: OLMo-2's insert (q/k norms over
@@ -308,7 +302,8 @@ class Planner:
                + c.num_layers * slots * inserted * suffix * kv)
     loaded = self.load_masks(slots, prefix)  # a prefix prefill per loaded mask, its keys/values scattered after
     load = self.activation_bytes(loaded, 1, prefix, 0, 1) + c.num_layers * loaded * prefix * kv
-    return {"prefix_kv": c.num_layers * slots * prefix * kv, "cache": c.num_layers * slots * rows * cache * kv,
+    return {"decode_weights": c.num_layers * layer_weight_bytes(c, self.dtype_bytes),
+            "prefix_kv": c.num_layers * slots * prefix * kv, "cache": c.num_layers * slots * rows * cache * kv,
             "unablated_prefix": c.num_layers * prefix * (c.hidden_size * self.dtype_bytes + kv),
             "stop_tables": c.vocab_size * stop_states * 5, "activations": max(decode, prefill, load)}
 
