@@ -11,7 +11,7 @@ fusion's operands and outputs; a slice or an in-place update only over the part 
 loop body by its known trip count; with every trip count taken as one it reproduces XLA's own total, which checks
 the walk. `step_cost` compiles the decode call for one step with abstract parameters (nothing is allocated) and
 splits its bytes into the step (the decode loop's body) and the call's own (once per chunk of `CHUNK_STEPS` steps:
-the state's bookkeeping outside the loop; the layers' weights come laid out once per job,
+the state's bookkeeping outside the loop, and laying every layer's weights out where the job holds no laid-out copy,
 `generation_kernels.decode_layers`), with the largest instructions of the step; `amortized_ratio` adds the call's own
 bytes spread over a chunk.
 """
@@ -252,7 +252,8 @@ def floor_bytes(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, 
 
 
 def step_cost(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, cache: int, new: int,
-              span: int | None = None, compiler_options: dict | None = None, top: int = 12) -> dict[str, Any]:
+              span: int | None = None, compiler_options: dict | None = None, top: int = 12,
+              held_layers: bool = True) -> dict[str, Any]:
   """Bytes of one decode step at this layout by XLA's compiled graph (`HloBytes`), against `floor_bytes`.
 
   The decode call is compiled for one step (`steps=1`) reading `span` cache entries (default all) with abstract
@@ -264,7 +265,8 @@ def step_cost(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, ca
   c, sds, i32 = config, jax.ShapeDtypeStruct, jnp.int32
   span = span or cache
   module = Transformer(c, param_dtype=dtype)
-  params = memory.decode_params(c, dtype)
+  # Layers laid out once per job (`held_layers`), or by the call itself, before its loop (the call's own bytes).
+  params = memory.decode_params(c, dtype) if held_layers else memory._params(c, dtype)  # noqa: SLF001
   state = generation_kernels.slot_shapes(c, dtype, slots=slots, rows=rows, prefix=prefix, cache=cache, new=new)
   decode = jax.jit(functools.partial(generation_kernels.decode, module, c, dtype=dtype), static_argnames=("steps",
                                                                                                           "span"),

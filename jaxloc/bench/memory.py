@@ -224,13 +224,15 @@ def _nbytes(tree) -> int:
 
 
 def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, suffix: int, new: int,
-                         stop_states: int = 16, inserted: int | None = None) -> dict[str, int]:
+                         stop_states: int = 16, inserted: int | None = None, held_layers: bool = True
+                         ) -> dict[str, int]:
   """XLA's bytes beyond the parameters of a generation job's calls at this layout, each compiled as the generator
   jits it (the state donated). A call's bytes are its temporaries, outputs and non-parameter arguments
   (`compiled_bytes`), plus what the job keeps alive that the call does not take: the state (`generation_kernels.Slots`),
-  the unablated prefix (`generation_kernels.unablated_prefix`, kept while masks load), the stop-string tables and the
-  layers' weights laid out for decoding (`generation_kernels.decode_layers`; a decode call takes them in place of the
-  stacked layers, whose bytes they equal).
+  the unablated prefix (`generation_kernels.unablated_prefix`, kept while masks load), the stop-string tables and,
+  where the job holds them (`held_layers`), the layers' weights laid out for decoding
+  (`generation_kernels.decode_layers`; a decode call then takes them in place of the stacked layers, whose bytes they
+  equal; else it lays them out itself).
 
     prefix       the unablated prefill of the prefix (the state is alive)
     load         `load_masks` of as many masks as one call loads (`Planner.load_masks`), resuming from the
@@ -248,9 +250,9 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
   unablated = (sds((c.num_layers, prefix, c.hidden_size), dtype),
                sds((c.num_layers, prefix, c.num_kv_heads, c.head_dim), dtype),
                sds((c.num_layers, prefix, c.num_kv_heads, c.head_dim), dtype))
-  weights = decode_params(c, dtype)
+  weights = decode_params(c, dtype) if held_layers else params
   held = {"state": _nbytes(state), "unablated": _nbytes(unablated), "tables": _nbytes(tables),
-          "weights": _nbytes(weights["layers"])}
+          "weights": _nbytes(weights["layers"]) if held_layers else 0}
 
   def call(fn, *args, alive=(), given=params, **static):
     return compiled_bytes(fn.lower(given, *args, **static), params_size) + sum(held[k] for k in alive)
@@ -281,16 +283,19 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
   return result
 
 
-def compare_generation(config: ModelConfig, shape: GenerationShape, dtype, slots: int, rows: int) -> dict[str, Any]:
+def compare_generation(config: ModelConfig, shape: GenerationShape, dtype, slots: int, rows: int,
+                       held_layers: bool = True) -> dict[str, Any]:
   """The planner's estimate (`Planner.generation_bytes`, term by term) and XLA's bytes of a generation job's calls at
-  one layout, in `dtype`; ratio = estimate / XLA's peak over the calls."""
+  one layout (`held_layers`: the job holds its layers laid out for decoding), in `dtype`; ratio = estimate / XLA's
+  peak over the calls."""
   prefix, suffix, new = shape.widths
   plans = planner.Planner(config, GIB, 65536, jnp.dtype(dtype).itemsize)
-  estimate = plans.generation_bytes(slots, rows, prefix, suffix, new, shape.stop_states)
-  terms = plans.generation_terms(slots, rows, prefix, suffix, new, shape.stop_states)
+  estimate = plans.generation_bytes(slots, rows, prefix, suffix, new, shape.stop_states, held_layers)
+  terms = plans.generation_terms(slots, rows, prefix, suffix, new, shape.stop_states, held_layers)
   measured = generation_xla_bytes(config, dtype, slots, rows, prefix, suffix, new, shape.stop_states,
-                                  plans.insert_rows(slots, rows, suffix))
-  return {"task": shape.name, "slots": slots, "rows": rows, "prefix": prefix, "suffix": suffix, "new": new,
+                                  plans.insert_rows(slots, rows, suffix), held_layers)
+  return {"task": shape.name, "slots": slots, "rows": rows, "held_layers": held_layers, "prefix": prefix,
+          "suffix": suffix, "new": new,
           "estimate_bytes": estimate, "estimate_terms": terms, "xla_bytes": measured["peak"],
           "xla_calls": {k: v for k, v in measured.items() if k not in ("peak", "state")},
           "state_bytes": measured["state"], "peak_call": max((v, k) for k, v in measured.items()

@@ -129,9 +129,11 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   slots, rows = layout.slots, layout.rows
   start = time.perf_counter()
   generation_xla = memory.generation_xla_bytes(config, compile_dtype, slots, rows, prefix, suffix, new,
-                                               job.stop_states, plans.insert_rows(slots, rows, suffix))
+                                               job.stop_states, plans.insert_rows(slots, rows, suffix),
+                                               layout.held_layers)
   module = Transformer(config, param_dtype=compile_dtype)
-  params = memory.decode_params(config, compile_dtype)
+  params = (memory.decode_params(config, compile_dtype) if layout.held_layers
+            else memory._params(config, compile_dtype))  # noqa: SLF001  (the abstract parameter tree of memory.py)
   decode = jax.jit(functools.partial(generation_kernels.decode, module, config, dtype=compile_dtype),
                    static_argnames=("steps", "span"), donate_argnums=(1,))
   state = generation_kernels.slot_shapes(config, compile_dtype, slots=slots, rows=rows, prefix=prefix,
@@ -140,9 +142,11 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   costs = _costs(decode.lower(params, state, sds((2,), jnp.int32), sds((config.vocab_size, job.stop_states), jnp.int32),
                               sds((config.vocab_size, job.stop_states), jnp.bool_), sds((), jnp.int32),
                               steps=CHUNK_STEPS, span=suffix + new).compile())
-  step = decode_cost.step_cost(config, compile_dtype, slots, rows, prefix, suffix + new, new, top=0)
+  step = decode_cost.step_cost(config, compile_dtype, slots, rows, prefix, suffix + new, new, top=0,
+                               held_layers=layout.held_layers)
   generation_seconds = time.perf_counter() - start
-  estimate_generation = compiled_plans.generation_bytes(slots, rows, prefix, suffix, new, job.stop_states)
+  estimate_generation = compiled_plans.generation_bytes(slots, rows, prefix, suffix, new, job.stop_states,
+                                                        layout.held_layers)
 
   return {
       "model": name, "dtype": jnp.dtype(dtype).name, "compiled_in": jnp.dtype(compile_dtype).name,

@@ -182,9 +182,9 @@ def decode_span(needed: int, cache: int) -> int:
 
 def decode_layers(config: ModelConfig, params: Any) -> tuple[Any, ...]:
   """Every decoder layer's parameters as `decode` reads them: sliced from the stacked [L, ...] and laid out
-  output-major (`decoder.layer_params`; `Transformer.unrolled` reads each where it lies). A generation job makes them
-  once, a copy of the layers' weights that it holds throughout (`Planner.generation_terms`), and gives them to every
-  decode call as `params["layers"]`."""
+  output-major (`decoder.layer_params`; `Transformer.unrolled` reads each where it lies). A copy of the layers'
+  weights: a generation job makes it once and holds it where that costs it no rows (`GenerationSlots.held_layers`),
+  giving it to every decode call as `params["layers"]`; else each decode call makes its own."""
   return layer_params(params["layers"], config.num_layers)
 
 
@@ -192,13 +192,14 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
            stop_hit: Array, budget: Array, *, steps: int, span: int, dtype: DTypeLike) -> Slots:
   """Up to `steps` greedy steps of every live row (fewer once all are done), reading each row's cache up to `span`.
 
-  params: the model's, with `params["layers"]` as `decode_layers` lays them out (once per job, not per call).
+  params: the model's, `params["layers"]` as `decode_layers` lays them out (once per job), or stacked [L, ...] (then
+  laid out here, once per call, before the loop).
   A step emits each live row's current token, ends the row on EOS (eos_ids [E]), a stop string (stop_next, stop_hit
   [V, Q], `stops.stop_tables`) or its `budget`-th token (int32 scalar, at most T), and feeds the token through the
   model to pick the next. The caller picks `span` at least every live row's length + steps.
   """
   if not isinstance(params["layers"], tuple):
-    raise ValueError("decode reads params['layers'] as decode_layers lays them out (one tree per layer)")
+    params = dict(params, layers=decode_layers(config, params))
   slots, rows = state.length.shape
   emitted = state.tokens.shape[2]
   mi, ri = jnp.arange(slots)[:, None], jnp.arange(rows)[None, :]

@@ -157,13 +157,22 @@ class Generator:
 
   # --- planning -------------------------------------------------------------------------------------------------
 
+  def _weights(self, layout: GenerationSlots) -> dict[str, Any]:
+    """The parameters a job's decode calls take: the engine's, with the layers laid out for decoding once
+    (`generation_kernels.decode_layers`) where the job holds them (`GenerationSlots.held_layers`); else each call
+    lays them out."""
+    params = self.shared.placement.params
+    if not layout.held_layers:
+      return params
+    self.shared.stats.calls += 1
+    return dict(params, layers=self._layers_fn(params))
+
   def _decode_args(self, weights: dict[str, Any], state: generation_kernels.Slots, tables: tuple[jax.Array, ...],
                    eos_ids: jax.Array) -> tuple[Any, ...]:
     return (weights, state, eos_ids, tables[0], tables[1], jnp.int32(0))
 
   def _layout(self, key: Hashable, masks: Masks, fill: Fills, num_masks: int, num_docs: int, prefix: int,
-              suffix: int, new: int, tables: tuple[jax.Array, ...], eos_ids: jax.Array,
-              weights: dict[str, Any]) -> GenerationSlots:
+              suffix: int, new: int, tables: tuple[jax.Array, ...], eos_ids: jax.Array) -> GenerationSlots:
     """The planner's slots for this job's shapes; where its estimate comes near the budget, XLA's memory analysis of
     the compiled decode call (its largest span) confirms it, or the layout shrinks (`Planner.smaller`) until XLA
     measures one under the budget (each executable is kept, and the chosen one runs the job)."""
@@ -175,14 +184,21 @@ class Generator:
     if layout.estimated_bytes > MEASURE_ABOVE * planner.budget:
       while True:  # from here on XLA decides, down to a layout it has measured under the budget
         abstract = self._abstract(Job(layout, 1, prefix, suffix, new), masks, fill)
+        weights = self._weights(layout)
         executable = self._decode_fn.executable(*self._decode_args(weights, abstract, tables, eos_ids),
                                                 steps=CHUNK_STEPS, span=suffix + new)
-        # The laid-out layers are the job's own copy: they count, the rest of the parameters does not.
-        measured = xla_bytes(executable, {k: v for k, v in weights.items() if k != "layers"})
+        # Laid-out layers the job holds are its own copy: they count, the model's parameters do not.
+        resident = {k: v for k, v in weights.items() if k != "layers" or not layout.held_layers}
+        measured = xla_bytes(executable, resident)
+        del weights, resident
         log.info("generation: %d mask slots x %d rows, planner %.2f GiB, XLA %.2f GiB (budget %.2f GiB)",
                  layout.slots, layout.rows, layout.estimated_bytes / GIB, measured / GIB, planner.budget / GIB)
         if measured <= planner.budget:
           break
+        if layout.held_layers:  # first the same layout, each call laying the layers out for itself
+          layout = planner.generation_layout(layout.slots, layout.rows, prefix, suffix, new, tables[0].shape[1],
+                                             held_layers=False)
+          continue
         if layout.rows == 1 and layout.slots <= planner.data_parallel:
           raise UserError(f"one generation row needs {measured / GIB:.2f} GiB (XLA), over the memory budget of "
                           f"{planner.budget / GIB:.2f} GiB; raise --memory_budget_gb or shorten the prompts")
@@ -211,11 +227,8 @@ class Generator:
     new = batching.bucket_pow2(max_new)
     kinds = (masks.heads is not None, masks.neurons is not None, fill.heads is not None, fill.neurons is not None)
     key = (batching.bucket_pow2(len(masks)), batching.bucket_pow2(len(docs)), prefix_width, suffix_width, new, kinds)
-    # Every layer's weights as the decode steps read them, laid out once for the job (`decode_layers`).
-    weights = dict(place.params, layers=self._layers_fn(place.params))
-    shared.stats.calls += 1
-    layout = self._layout(key, masks, fill, len(masks), len(docs), prefix_width, suffix_width, new, tables, eos_ids,
-                          weights)
+    layout = self._layout(key, masks, fill, len(masks), len(docs), prefix_width, suffix_width, new, tables, eos_ids)
+    weights = self._weights(layout)
     job = Job(layout, prefix_len, prefix_width, suffix_width, new)
     slots, rows = layout.slots, layout.rows
     start = time.perf_counter()

@@ -157,11 +157,13 @@ class ScoringBatches:
 @dataclasses.dataclass(frozen=True)
 class GenerationSlots:
   """How a generation job is laid out: `slots` masks decoded at once, `rows` row slots each
-  (`generation_kernels.py`)."""
+  (`generation_kernels.py`); `held_layers`: the job lays its layers out for decoding once and holds that copy
+  (`generation_kernels.decode_layers`), else each decode call lays them out for itself."""
 
   slots: int
   rows: int
   estimated_bytes: int
+  held_layers: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,32 +233,42 @@ class Planner:
     automaton): rows fill the row cap (`generation_batch`, or 64 on CPUs and 1024 on accelerators; `platform` names
     the one whose cap applies, default this machine's), a mask slot holding up to all of a mask's prompts (never more
     rows than the cap), then shrink until `generation_bytes` fits the budget. Both are powers of two (a handful of
-    shapes whatever the counts); mask slots a multiple of the data-parallel size."""
+    shapes whatever the counts); mask slots a multiple of the data-parallel size. The job holds its layers laid out
+    for decoding where that copy costs it no slots or rows; else each decode call lays them out (once per chunk)."""
     cap = self.generation_batch or (1024 if (platform or jax.devices()[0].platform) != "cpu" else 64)
     rows = min(bucket_pow2(docs), floor_pow2(cap))
-    plan = self.generation_layout(min(bucket_pow2(masks), floor_pow2(cap // rows)), rows, prefix, suffix, new,
-                                  stop_states)
-    while plan.estimated_bytes > self.budget and (plan.rows > 1 or plan.slots > self.data_parallel):
-      plan = self.smaller(plan, prefix, suffix, new, stop_states)
+    plans = []
+    for held in (True, False):
+      plan = self.generation_layout(min(bucket_pow2(masks), floor_pow2(cap // rows)), rows, prefix, suffix, new,
+                                    stop_states, held)
+      while plan.estimated_bytes > self.budget and (plan.rows > 1 or plan.slots > self.data_parallel):
+        plan = self.smaller(plan, prefix, suffix, new, stop_states)
+      plans.append(plan)
+    held_plan, plan = plans
+    if (held_plan.slots, held_plan.rows) == (plan.slots, plan.rows) and held_plan.estimated_bytes <= self.budget:
+      plan = held_plan
     if plan.estimated_bytes > self.budget:
       raise UserError(f"one generation row ({prefix} + {suffix} prompt tokens, {new} new) needs "
                       f"{plan.estimated_bytes / GIB:.2f} GiB, over the memory budget of {self.budget / GIB:.2f} GiB; "
                       "raise --memory_budget_gb or shorten the prompts")
     return plan
 
-  def generation_layout(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1
-                        ) -> GenerationSlots:
+  def generation_layout(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1,
+                        held_layers: bool = True) -> GenerationSlots:
     """`slots` mask slots (rounded up to a multiple of the data-parallel size) of `rows` rows, with their estimate."""
     parallel = self.data_parallel
     slots = max(parallel, -(-max(1, slots) // parallel) * parallel)
-    return GenerationSlots(slots, rows, self.generation_bytes(slots, rows, prefix, suffix, new, stop_states))
+    return GenerationSlots(slots, rows, self.generation_bytes(slots, rows, prefix, suffix, new, stop_states,
+                                                              held_layers), held_layers)
 
   def smaller(self, layout: GenerationSlots, prefix: int, suffix: int, new: int, stop_states: int = 1
               ) -> GenerationSlots:
     """The next layout down: half the mask slots while more than the data-parallel size, then half the rows."""
     if layout.slots > self.data_parallel:
-      return self.generation_layout(layout.slots // 2, layout.rows, prefix, suffix, new, stop_states)
-    return self.generation_layout(layout.slots, max(1, layout.rows // 2), prefix, suffix, new, stop_states)
+      return self.generation_layout(layout.slots // 2, layout.rows, prefix, suffix, new, stop_states,
+                                    layout.held_layers)
+    return self.generation_layout(layout.slots, max(1, layout.rows // 2), prefix, suffix, new, stop_states,
+                                  layout.held_layers)
 
   def load_masks(self, slots: int, prefix: int) -> int:
     """Masks one call loads (prefilling the prefix under each): as many as `tokens_per_batch` prefix tokens hold (a
@@ -269,17 +281,19 @@ class Planner:
     grow with the rows a decode step holds."""
     return min(rows, floor_pow2(max(1, self.tokens_per_batch // max(1, slots * suffix))))
 
-  def generation_bytes(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1) -> int:
+  def generation_bytes(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1,
+                       held_layers: bool = True) -> int:
     """Peak bytes beyond the parameters of a generation job's calls (`generation_terms`, summed)."""
-    return sum(self.generation_terms(slots, rows, prefix, suffix, new, stop_states).values())
+    return sum(self.generation_terms(slots, rows, prefix, suffix, new, stop_states, held_layers).values())
 
-  def generation_terms(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1
-                       ) -> dict[str, int]:
+  def generation_terms(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1,
+                       held_layers: bool = True) -> dict[str, int]:
     """What a generation job holds beyond the parameters, term by term. Across the job: every layer's weights as the
-    decode steps read them (`generation_kernels.decode_layers`, laid out once per job), the mask slots' prefix
-    keys/values, every row's own cache (suffix and new tokens), the unablated prefix (residual streams, keys and
-    values of every layer: masks resume above their first ablated layer from it), the stop-string automaton's tables
-    ([vocab, stop_states], int32 and bool). Within a call, the larger of: a decode chunk (one layer's caches copied,
+    decode steps read them (`generation_kernels.decode_layers`) where the job holds them (`held_layers`), the mask
+    slots' prefix keys/values, every row's own cache (suffix and new tokens), the unablated prefix (residual streams,
+    keys and values of every layer: masks resume above their first ablated layer from it), the stop-string
+    automaton's tables ([vocab, stop_states], int32 and bool). Within a call, the larger of: a decode chunk (its own
+    copy of the laid-out weights where the job holds none, live through the logits too; one layer's caches copied,
     every layer's cache sliced to a short span; one token per row attending to the prefix and its cache: three
     float32 copies of the scores) and a prefill of `insert_rows` rows per mask slot (as a scoring call, plus the
     inserted rows' keys/values of every layer before they go into the cache).
@@ -292,7 +306,8 @@ class Planner:
     # A chunk reading a span below the cache holds every layer's cache sliced to it: at most a third of the caches
     # (`generation.decode_span`).
     spans = c.num_layers * slots * rows * (cache // 3) * kv
-    decode = (self.activation_bytes(slots, rows, 1, 0, 1) + spans
+    weights = c.num_layers * layer_weight_bytes(c, self.dtype_bytes)
+    decode = (self.activation_bytes(slots, rows, 1, 0, 1) + (0 if held_layers else weights) + spans
               + 3 * 4 * slots * rows * c.num_heads * (prefix + cache) + slots * rows * cache * kv)
     inserted = self.insert_rows(slots, rows, suffix)
     # The scoring formula's prefill, less its prefix keys/values (held above), 5% over: OLMo-2's insert (q/k norms over
@@ -302,7 +317,7 @@ class Planner:
                + c.num_layers * slots * inserted * suffix * kv)
     loaded = self.load_masks(slots, prefix)  # a prefix prefill per loaded mask, its keys/values scattered after
     load = self.activation_bytes(loaded, 1, prefix, 0, 1) + c.num_layers * loaded * prefix * kv
-    return {"decode_weights": c.num_layers * layer_weight_bytes(c, self.dtype_bytes),
+    return {"decode_weights": weights if held_layers else 0,
             "prefix_kv": c.num_layers * slots * prefix * kv, "cache": c.num_layers * slots * rows * cache * kv,
             "unablated_prefix": c.num_layers * prefix * (c.hidden_size * self.dtype_bytes + kv),
             "stop_tables": c.vocab_size * stop_states * 5, "activations": max(decode, prefill, load)}

@@ -143,7 +143,7 @@ def generation(config: BenchmarkMemoryConfig) -> list[dict]:
   print(f"\ngeneration: {shape.name}, {shape.masks} masks x {shape.docs} documents, prefix {prefix}, suffix {suffix}, "
         f"{new} new tokens; the 80 GB GPU layout (bfloat16 plan), compiled in float32; estimate / XLA's peak over the "
         "calls (never under 1.0)")
-  print(f"{'preset':14s} {'slots':>5s} {'rows':>4s} {'estimate GiB':>12s} {'XLA GiB':>8s} {'ratio':>6s} "
+  print(f"{'preset':14s} {'slots':>5s} {'rows':>4s} {'held':>4s} {'estimate GiB':>12s} {'XLA GiB':>8s} {'ratio':>6s} "
         f"{'peak call':>10s} {'state GiB':>9s}  XLA beyond the state, GiB, per call")
   rows = []
   for preset in config.presets:
@@ -151,13 +151,14 @@ def generation(config: BenchmarkMemoryConfig) -> list[dict]:
     budget = memory.device_budget(GPU_BYTES, memory.param_bytes(model, jnp.bfloat16))
     plan = memory.generation_plan(model, shape, jnp.bfloat16, budget)
     start = time.perf_counter()
-    row = memory.compare_generation(model, shape, jnp.float32, plan.slots, plan.rows)
+    row = memory.compare_generation(model, shape, jnp.float32, plan.slots, plan.rows, plan.held_layers)
     row.update(preset=preset, budget_bytes=budget, plan_estimate_bytes=plan.estimated_bytes,
                compile_seconds=time.perf_counter() - start)
     rows.append(row)
     beyond = ", ".join(f"{call} {(size - row['state_bytes']) / memory.GIB:.2f}"
                        for call, size in row["xla_calls"].items())
-    print(f"{preset:14s} {row['slots']:5d} {row['rows']:4d} {row['estimate_bytes'] / memory.GIB:12.2f} "
+    print(f"{preset:14s} {row['slots']:5d} {row['rows']:4d} {'yes' if row['held_layers'] else 'no':>4s} "
+          f"{row['estimate_bytes'] / memory.GIB:12.2f} "
           f"{row['xla_bytes'] / memory.GIB:8.2f} {row['ratio']:6.2f} {row['peak_call']:>10s} "
           f"{row['state_bytes'] / memory.GIB:9.2f}  {beyond}", flush=True)
   ratios = [r["ratio"] for r in rows]
@@ -182,7 +183,7 @@ def decode_step(config: BenchmarkMemoryConfig) -> list[dict]:
   for span in memory.generation_spans(suffix + new):
     for graph, options in graphs.items():
       cost = decode_cost.step_cost(model, dtype, plan.slots, plan.rows, prefix, suffix + new, new, span=span,
-                                   compiler_options=options)
+                                   compiler_options=options, held_layers=plan.held_layers)
       cost.update(preset=config.decode_preset, graph=graph)
       results.append(cost)
       print(f"[{graph}] " + decode_cost.describe(cost), flush=True)
