@@ -100,8 +100,8 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   an accelerator pass compile_dtype=dtype.) Scoring: the 8-shot GSM8K-like long shape (`memory.LONG_SHAPES`).
   Generation: the GSM8K-like job (`memory.GSM8K_GENERATION`) in the generator's mask slots and row slots
   (`Planner.generation_slots`), XLA's peak over the job's calls (`memory.generation_xla_bytes`), the decode call of
-  one chunk as compiled (memory and cost analysis: XLA counts a loop's body once, and the layers are a scan inside
-  the decode loop, so its flops and bytes are one layer of one step plus the rest of a step), and one decode step's
+  one chunk as compiled (memory and cost analysis: XLA counts a loop's body once, so its flops and bytes are one
+  decode step plus the call's own work outside the loop), and one decode step's
   bytes against the floor (`decode_cost.step_cost`, every loop multiplied out)."""
   import functools
 

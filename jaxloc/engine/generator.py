@@ -174,8 +174,10 @@ class Generator:
   def _layout(self, key: Hashable, masks: Masks, fill: Fills, num_masks: int, num_docs: int, prefix: int,
               suffix: int, new: int, tables: tuple[jax.Array, ...], eos_ids: jax.Array) -> GenerationSlots:
     """The planner's slots for this job's shapes; where its estimate comes near the budget, XLA's memory analysis of
-    the compiled decode call (its largest span) confirms it, or the layout shrinks (`Planner.smaller`) until XLA
-    measures one under the budget (each executable is kept, and the chosen one runs the job)."""
+    the compiled decode call (its largest span) confirms it, or the layout lets go of its held layers, then shrinks
+    (`Planner.smaller`), until XLA measures one under the budget (each executable is kept, and the chosen one runs
+    the job). XLA measures the decode call only: where the layers are held, an insert can hold more (the planner's
+    estimate covers both, `benchmark_memory --parts=generation`)."""
     if key in self._layouts:
       return self._layouts[key]
     planner = self.shared.planner

@@ -288,10 +288,10 @@ class Planner:
 
   def generation_terms(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1,
                        held_layers: bool = True) -> dict[str, int]:
-    """What a generation job holds beyond the parameters, term by term. Across the job: every layer's weights as the
-    decode steps read them (`generation_kernels.decode_layers`) where the job holds them (`held_layers`), the mask
-    slots' prefix keys/values, every row's own cache (suffix and new tokens), the unablated prefix (residual streams,
-    keys and values of every layer: masks resume above their first ablated layer from it), the stop-string
+    """What a generation job holds beyond the parameters, term by term. Across the job: every layer's matmul weights
+    as the decode steps read them (`generation_kernels.decode_layers`) where the job holds them (`held_layers`), the
+    mask slots' prefix keys/values, every row's own cache (suffix and new tokens), the unablated prefix (residual
+    streams, keys and values of every layer: masks resume above their first ablated layer from it), the stop-string
     automaton's tables ([vocab, stop_states], int32 and bool). Within a call, the larger of: a decode chunk (its own
     copy of the laid-out weights where the job holds none, live through the logits too; one layer's caches copied,
     every layer's cache sliced to a short span; one token per row attending to the prefix and its cache: three

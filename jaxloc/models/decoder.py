@@ -412,8 +412,8 @@ class Transformer(nn.Module):
 def layer_params(stacked: Any, num_layers: int) -> tuple[Any, ...]:
   """The decoder layers' parameters [L, ...] (`params["layers"]`) as L trees, one per layer, each kernel output-major
   (`layers.out_major`, the layout `Transformer.unrolled` reads). Given as `params["layers"]` with per-layer caches,
-  they are sliced and laid out where this runs: once per generation job (`generation_kernels.decode_layers`), not in
-  every step."""
+  they are sliced and laid out where this runs (`generation_kernels.decode_layers`): once per generation job where
+  the job holds the copy, else once per decode call, before its loop; never in every step."""
   return tuple(out_major(jax.tree.map(lambda a: a[index], stacked)) for index in range(num_layers))  # noqa: B023
 
 
