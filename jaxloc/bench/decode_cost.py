@@ -252,8 +252,8 @@ def floor_bytes(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, 
 
 
 def step_cost(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, cache: int, new: int,
-              span: int | None = None, compiler_options: dict | None = None, top: int = 12,
-              held_layers: bool = True) -> dict[str, Any]:
+              span: int | None = None, compiler_options: dict | None = None, top: int = 12, *,
+              held_layers: bool) -> dict[str, Any]:
   """Bytes of one decode step at this layout by XLA's compiled graph (`HloBytes`), against `floor_bytes`.
 
   The decode call is compiled for one step (`steps=1`) reading `span` cache entries (default all) with abstract

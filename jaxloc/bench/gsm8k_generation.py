@@ -228,10 +228,11 @@ def _equal(texts: Sequence[Sequence[str]], reference: Sequence[Sequence[str]]) -
   return {"equal": sum(a == b for a, b in pairs), "compared": len(pairs)}
 
 
-def _rows_per_call(engine: Engine, known: set, masks: int, docs: int, prefix: int, suffixes: Sequence[int],
-                   max_new: int) -> tuple[int, int, str]:
-  """(rows per decode call, rows per mask slot, where from): the layout the generator settled on for this job (the
-  one its `_layouts` gained), else the planner's first guess for the same shapes."""
+def _job_layout(engine: Engine, known: set, masks: int, docs: int, prefix: int, suffixes: Sequence[int],
+                max_new: int) -> tuple[int, int, bool, str]:
+  """(rows per decode call, rows per mask slot, whether the job held its laid-out layers, where from): the layout the
+  generator settled on for this job (the one its `_layouts` gained), else the planner's first guess for the same
+  shapes."""
   new = [layout for key, layout in engine.generator._layouts.items() if key not in known]
   if new:
     layout, source = new[-1], "the generator's layout"
@@ -241,7 +242,7 @@ def _rows_per_call(engine: Engine, known: set, masks: int, docs: int, prefix: in
         suffix=batching.bucket(max(suffixes)), new=batching.bucket_pow2(max_new))
     source = "the planner's estimate (the layout was cached before this run)"
   per_slot = min(layout.rows, docs)
-  return min(layout.slots, masks) * per_slot, per_slot, source
+  return min(layout.slots, masks) * per_slot, per_slot, layout.held_layers, source
 
 
 def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray, *, peak_gflops: float,
@@ -260,8 +261,8 @@ def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray,
   suffixes = [len(i) - prefix for i in ids]
   known = set(engine.generator._layouts)
   runs = {"jaxloc": _time_engine(engine.generate, engine, requests, keep)}
-  rows_per_call, rows_per_slot, layout_source = _rows_per_call(engine, known, masks, docs, prefix, suffixes,
-                                                               requests[0].max_new_tokens)
+  rows_per_call, rows_per_slot, held, layout_source = _job_layout(engine, known, masks, docs, prefix, suffixes,
+                                                                  requests[0].max_new_tokens)
   previous = keep[:previous_masks or masks]
   runs["previous_generator"] = _time_engine(PreviousGenerator(engine.shared).generate, engine, requests, previous)
   if torch_result is None and torch_model is not None:
@@ -277,7 +278,8 @@ def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray,
       "documents": docs, "questions": questions, "masks": masks, "ablated_heads_per_mask": int((keep[0] == 0).sum()),
       "max_new_tokens": requests[0].max_new_tokens, "stop": list(requests[0].stop), "shared_prefix_tokens": prefix,
       "suffix_tokens_mean": float(np.mean(suffixes)), "rows_per_call": rows_per_call,
-      "rows_per_mask_slot": rows_per_slot, "layout_source": layout_source, "matmul_peak_gflops": peak_gflops,
+      "rows_per_mask_slot": rows_per_slot, "layers_held": held, "layout_source": layout_source,
+      "matmul_peak_gflops": peak_gflops,
       "memory_bandwidth_gbs": bandwidth_gbs, "roofline": floor}
   for name, figures in runs.items():
     result[name] = _figures(figures, docs, floor["floor_seconds"])
@@ -308,6 +310,13 @@ def workload(engine: Engine, cfg, torch_model, peak_gflops: float) -> dict[str, 
   return result
 
 
+def _held_words(held: bool | None) -> str:
+  """How the job's decode calls got their laid-out layers (nothing for a run recorded before `layers_held`)."""
+  if held is None:
+    return ""
+  return "; layers laid out once, held by the job" if held else "; layers laid out by every decode call"
+
+
 def format_lines(w: dict[str, Any]) -> list[str]:
   """The workload as a table: one line per implementation, then the shapes and the roofline."""
   lines = [f"gsm8k: {w['documents']} questions x {w['masks']} masks of {w['ablated_heads_per_mask']} random heads, "
@@ -333,7 +342,7 @@ def format_lines(w: dict[str, Any]) -> list[str]:
                f"{w['memory_bandwidth_gbs']:.1f} GB/s = {f['memory_seconds']:.2f}s: floor {f['floor_seconds']:.2f}s "
                f"({f['bound']}-bound); {w['shared_prefix_tokens']}-token shared prefix, suffixes "
                f"{w['suffix_tokens_mean']:.0f} tokens on average, {w['rows_per_call']} rows per decode call "
-               f"({w['rows_per_mask_slot']} per mask slot)")
+               f"({w['rows_per_mask_slot']} per mask slot{_held_words(w.get('layers_held'))})")
   lines.append(f"projection, {PROJECTED_MASKS} masks x {PROJECTED_DOCS} documents: jaxloc "
                f"{w['jaxloc']['projected_minutes']:.0f} min, previous generator "
                f"{w['previous_generator']['projected_minutes']:.0f} min"

@@ -224,7 +224,7 @@ def _nbytes(tree) -> int:
 
 
 def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, suffix: int, new: int,
-                         stop_states: int = 16, inserted: int | None = None, held_layers: bool = True
+                         stop_states: int = 16, inserted: int | None = None, *, held_layers: bool
                          ) -> dict[str, int]:
   """XLA's bytes beyond the parameters of a generation job's calls at this layout, each compiled as the generator
   jits it (the state donated). A call's bytes are its temporaries, outputs and non-parameter arguments
@@ -284,16 +284,16 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
 
 
 def compare_generation(config: ModelConfig, shape: GenerationShape, dtype, slots: int, rows: int,
-                       held_layers: bool = True) -> dict[str, Any]:
+                       held_layers: bool) -> dict[str, Any]:
   """The planner's estimate (`Planner.generation_bytes`, term by term) and XLA's bytes of a generation job's calls at
   one layout (`held_layers`: the job holds its layers laid out for decoding), in `dtype`; ratio = estimate / XLA's
   peak over the calls."""
   prefix, suffix, new = shape.widths
   plans = planner.Planner(config, GIB, 65536, jnp.dtype(dtype).itemsize)
-  estimate = plans.generation_bytes(slots, rows, prefix, suffix, new, shape.stop_states, held_layers)
-  terms = plans.generation_terms(slots, rows, prefix, suffix, new, shape.stop_states, held_layers)
+  estimate = plans.generation_bytes(slots, rows, prefix, suffix, new, shape.stop_states, held_layers=held_layers)
+  terms = plans.generation_terms(slots, rows, prefix, suffix, new, shape.stop_states, held_layers=held_layers)
   measured = generation_xla_bytes(config, dtype, slots, rows, prefix, suffix, new, shape.stop_states,
-                                  plans.insert_rows(slots, rows, suffix), held_layers)
+                                  plans.insert_rows(slots, rows, suffix), held_layers=held_layers)
   return {"task": shape.name, "slots": slots, "rows": rows, "held_layers": held_layers, "prefix": prefix,
           "suffix": suffix, "new": new,
           "estimate_bytes": estimate, "estimate_terms": terms, "xla_bytes": measured["peak"],

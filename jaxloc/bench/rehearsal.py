@@ -130,7 +130,7 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   start = time.perf_counter()
   generation_xla = memory.generation_xla_bytes(config, compile_dtype, slots, rows, prefix, suffix, new,
                                                job.stop_states, plans.insert_rows(slots, rows, suffix),
-                                               layout.held_layers)
+                                               held_layers=layout.held_layers)
   module = Transformer(config, param_dtype=compile_dtype)
   params = (memory.decode_params(config, compile_dtype) if layout.held_layers
             else memory._params(config, compile_dtype))  # noqa: SLF001  (the abstract parameter tree of memory.py)
@@ -146,7 +146,7 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
                                held_layers=layout.held_layers)
   generation_seconds = time.perf_counter() - start
   estimate_generation = compiled_plans.generation_bytes(slots, rows, prefix, suffix, new, job.stop_states,
-                                                        layout.held_layers)
+                                                        held_layers=layout.held_layers)
 
   return {
       "model": name, "dtype": jnp.dtype(dtype).name, "compiled_in": jnp.dtype(compile_dtype).name,

@@ -157,15 +157,19 @@ class Generator:
 
   # --- planning -------------------------------------------------------------------------------------------------
 
-  def _weights(self, layout: GenerationSlots) -> dict[str, Any]:
+  def _weights(self, layout: GenerationSlots, *, abstract: bool = False) -> dict[str, Any]:
     """The parameters a job's decode calls take: the engine's, with the layers laid out for decoding once
     (`generation_kernels.decode_layers`) where the job holds them (`GenerationSlots.held_layers`); else each call
-    lays them out."""
+    lays them out. `abstract`: the laid-out layers as the shapes and shardings they will have, made by no call (to
+    compile a decode call against)."""
     params = self.shared.placement.params
     if not layout.held_layers:
       return params
+    lay_out = self._layers_fn.executable(params)
+    if abstract:
+      return dict(params, layers=lay_out.out_info)
     self.shared.stats.calls += 1
-    return dict(params, layers=self._layers_fn(params))
+    return dict(params, layers=lay_out(params))
 
   def _decode_args(self, weights: dict[str, Any], state: generation_kernels.Slots, tables: tuple[jax.Array, ...],
                    eos_ids: jax.Array) -> tuple[Any, ...]:
@@ -186,13 +190,12 @@ class Generator:
     if layout.estimated_bytes > MEASURE_ABOVE * planner.budget:
       while True:  # from here on XLA decides, down to a layout it has measured under the budget
         abstract = self._abstract(Job(layout, 1, prefix, suffix, new), masks, fill)
-        weights = self._weights(layout)
+        weights = self._weights(layout, abstract=True)
         executable = self._decode_fn.executable(*self._decode_args(weights, abstract, tables, eos_ids),
                                                 steps=CHUNK_STEPS, span=suffix + new)
         # Laid-out layers the job holds are its own copy: they count, the model's parameters do not.
         resident = {k: v for k, v in weights.items() if k != "layers" or not layout.held_layers}
         measured = xla_bytes(executable, resident)
-        del weights, resident
         log.info("generation: %d mask slots x %d rows, planner %.2f GiB, XLA %.2f GiB (budget %.2f GiB)",
                  layout.slots, layout.rows, layout.estimated_bytes / GIB, measured / GIB, planner.budget / GIB)
         if measured <= planner.budget:

@@ -163,7 +163,7 @@ class GenerationSlots:
   slots: int
   rows: int
   estimated_bytes: int
-  held_layers: bool = True
+  held_layers: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,38 +237,36 @@ class Planner:
     for decoding where that copy costs it no slots or rows; else each decode call lays them out (once per chunk)."""
     cap = self.generation_batch or (1024 if (platform or jax.devices()[0].platform) != "cpu" else 64)
     rows = min(bucket_pow2(docs), floor_pow2(cap))
-    plans = []
-    for held in (True, False):
-      plan = self.generation_layout(min(bucket_pow2(masks), floor_pow2(cap // rows)), rows, prefix, suffix, new,
-                                    stop_states, held)
-      while plan.estimated_bytes > self.budget and (plan.rows > 1 or plan.slots > self.data_parallel):
-        plan = self.smaller(plan, prefix, suffix, new, stop_states)
-      plans.append(plan)
-    held_plan, plan = plans
-    if (held_plan.slots, held_plan.rows) == (plan.slots, plan.rows) and held_plan.estimated_bytes <= self.budget:
-      plan = held_plan
+    plan = self.generation_layout(min(bucket_pow2(masks), floor_pow2(cap // rows)), rows, prefix, suffix, new,
+                                  stop_states, held_layers=False)
+    while plan.estimated_bytes > self.budget and (plan.rows > 1 or plan.slots > self.data_parallel):
+      plan = self.smaller(plan, prefix, suffix, new, stop_states)
+    # Holding the layers only adds bytes: it costs no rows exactly where the held layout of this size fits.
+    held = self.generation_layout(plan.slots, plan.rows, prefix, suffix, new, stop_states, held_layers=True)
+    if held.estimated_bytes <= self.budget:
+      plan = held
     if plan.estimated_bytes > self.budget:
       raise UserError(f"one generation row ({prefix} + {suffix} prompt tokens, {new} new) needs "
                       f"{plan.estimated_bytes / GIB:.2f} GiB, over the memory budget of {self.budget / GIB:.2f} GiB; "
                       "raise --memory_budget_gb or shorten the prompts")
     return plan
 
-  def generation_layout(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1,
-                        held_layers: bool = True) -> GenerationSlots:
+  def generation_layout(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int, *,
+                        held_layers: bool) -> GenerationSlots:
     """`slots` mask slots (rounded up to a multiple of the data-parallel size) of `rows` rows, with their estimate."""
     parallel = self.data_parallel
     slots = max(parallel, -(-max(1, slots) // parallel) * parallel)
     return GenerationSlots(slots, rows, self.generation_bytes(slots, rows, prefix, suffix, new, stop_states,
-                                                              held_layers), held_layers)
+                                                              held_layers=held_layers), held_layers)
 
   def smaller(self, layout: GenerationSlots, prefix: int, suffix: int, new: int, stop_states: int = 1
               ) -> GenerationSlots:
     """The next layout down: half the mask slots while more than the data-parallel size, then half the rows."""
     if layout.slots > self.data_parallel:
       return self.generation_layout(layout.slots // 2, layout.rows, prefix, suffix, new, stop_states,
-                                    layout.held_layers)
+                                    held_layers=layout.held_layers)
     return self.generation_layout(layout.slots, max(1, layout.rows // 2), prefix, suffix, new, stop_states,
-                                  layout.held_layers)
+                                  held_layers=layout.held_layers)
 
   def load_masks(self, slots: int, prefix: int) -> int:
     """Masks one call loads (prefilling the prefix under each): as many as `tokens_per_batch` prefix tokens hold (a
@@ -281,13 +279,14 @@ class Planner:
     grow with the rows a decode step holds."""
     return min(rows, floor_pow2(max(1, self.tokens_per_batch // max(1, slots * suffix))))
 
-  def generation_bytes(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1,
-                       held_layers: bool = True) -> int:
+  def generation_bytes(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int, *,
+                       held_layers: bool) -> int:
     """Peak bytes beyond the parameters of a generation job's calls (`generation_terms`, summed)."""
-    return sum(self.generation_terms(slots, rows, prefix, suffix, new, stop_states, held_layers).values())
+    return sum(self.generation_terms(slots, rows, prefix, suffix, new, stop_states,
+                                     held_layers=held_layers).values())
 
-  def generation_terms(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int = 1,
-                       held_layers: bool = True) -> dict[str, int]:
+  def generation_terms(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int, *,
+                       held_layers: bool) -> dict[str, int]:
     """What a generation job holds beyond the parameters, term by term. Across the job: every layer's matmul weights
     as the decode steps read them (`generation_kernels.decode_layers`) where the job holds them (`held_layers`), the
     mask slots' prefix keys/values, every row's own cache (suffix and new tokens), the unablated prefix (residual

@@ -40,7 +40,8 @@ def test_a_gather_counts_the_rows_it_reads_where_xla_counts_its_whole_operand():
 
 def test_a_decode_step_reads_at_least_its_floor():
   config = ModelConfig("llama", 512, 64, 128, 2, 4, 2, 16, 1e-5, rope_theta=10000.0)
-  cost = decode_cost.step_cost(config, jnp.float32, slots=2, rows=4, prefix=16, cache=48, new=32, top=3)
+  cost = decode_cost.step_cost(config, jnp.float32, slots=2, rows=4, prefix=16, cache=48, new=32, top=3,
+                               held_layers=True)
   assert cost["hlo_check"] == pytest.approx(cost["xla_cost_analysis"], rel=1e-2)
   floor = cost["floor"]
   assert floor["total"] == floor["weights"] + floor["prefix_kv"] + floor["cache"]

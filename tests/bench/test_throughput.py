@@ -67,8 +67,10 @@ def test_the_gsm8k_workload_times_each_generator_on_the_same_texts(tiny_model):
   assert result["shared_prefix_tokens"] > 600 and floor["floor_seconds"] == max(floor["compute_seconds"],
                                                                                floor["memory_seconds"]) > 0
   assert 0 < result["rows_per_mask_slot"] <= 3 and result["rows_per_call"] <= 6
+  assert result["layers_held"] is True  # a small job at the default budget: holding them costs it no rows
   table = "\n".join(throughput.format_workloads({"gsm8k": result}))
   assert "previous_generator" in table and "projection, 400 masks x 100 documents" in table
+  assert "layers laid out once, held by the job" in table
 
 
 def test_gsm8k_questions_come_from_the_data_dir_else_from_what_jaxloc_ships(tmp_path):

@@ -78,7 +78,7 @@ def test_the_planner_answers_every_batch_size_from_one_budget(tiny_model):
   assert rows(big, masks=3, docs=5) == (4, 8)
   small_slots, small_rows = rows(small)
   assert small_slots * small_rows < 64
-  assert small.generation_bytes(small_slots, small_rows, 64, 32, 32) <= small.budget
+  assert small.generation_bytes(small_slots, small_rows, 64, 32, 32, 1, held_layers=False) <= small.budget
   assert rows(dataclasses.replace(big, data_parallel=4), masks=3, docs=5) == (4, 8)
   assert rows(dataclasses.replace(big, data_parallel=4), masks=1, docs=5) == (4, 8)
   assert rows(dataclasses.replace(big, data_parallel=3), masks=2, docs=5)[0] == 3
@@ -86,8 +86,8 @@ def test_the_planner_answers_every_batch_size_from_one_budget(tiny_model):
     dataclasses.replace(big, budget=1 << 10).generation_slots(masks=1, docs=1, prefix=64, suffix=32, new=32)
   # A job holds its layers laid out for decoding where that costs it no rows; else each decode call lays them out.
   assert big.generation_slots(masks=1000, docs=1000, prefix=64, suffix=32, new=32).held_layers
-  unheld = big.generation_bytes(1, 64, 64, 32, 32, held_layers=False)
-  assert unheld < big.generation_bytes(1, 64, 64, 32, 32, held_layers=True)
+  unheld = big.generation_bytes(1, 64, 64, 32, 32, 1, held_layers=False)
+  assert unheld < big.generation_bytes(1, 64, 64, 32, 32, 1, held_layers=True)
   tight = dataclasses.replace(big, budget=unheld).generation_slots(masks=1000, docs=1000, prefix=64, suffix=32, new=32)
   assert (tight.slots, tight.rows, tight.held_layers) == (1, 64, False)
   rows = dict(suffix=64, context=16, targets=2, steps=20, num_requests=1000)

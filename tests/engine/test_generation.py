@@ -222,3 +222,28 @@ def test_a_layout_near_the_budget_is_checked_against_xla(tiny_model, caplog):
     assert tight.generate(requests, masks) == expected
   assert any("XLA" in r.message for r in caplog.records)
   assert tight.generator._decode_fn.compiled_shapes() >= 1  # noqa: SLF001
+
+
+def test_xla_over_the_budget_with_held_layers_lets_them_go_first(tiny_model, monkeypatch):
+  """Where XLA measures the held layout over the budget (here made to), the job keeps its slots and rows and lets go
+  of the held layers (each decode call lays them out itself) before it shrinks, and generates the held job's
+  tokens."""
+  from jaxloc.engine import generator
+  from jaxloc.engine.planner import GIB
+
+  requests = _few_shot_requests(8)
+  masks = np.ones((2, 3, 6), np.float32)
+  masks[1, 0, 2] = 0
+  free = Engine(tiny_model, EngineConfig(generation_batch=8))
+  expected = free.generate(requests, masks)
+  held = next(iter(free.generator._layouts.values()))  # noqa: SLF001
+  assert held.held_layers
+  measure = generator.xla_bytes
+  # The decode call's resident arrays leave out the laid-out layers exactly where the job holds them.
+  monkeypatch.setattr(generator, "xla_bytes", lambda executable, resident: measure(executable, resident)
+                      + (0 if "layers" in resident else 1 << 40))
+  tight = Engine(tiny_model, EngineConfig(generation_batch=8, memory_budget_gb=1.5 * held.estimated_bytes / GIB,
+                                          residual_cache_gb=0))
+  assert tight.generate(requests, masks) == expected
+  unheld = next(iter(tight.generator._layouts.values()))  # noqa: SLF001
+  assert (unheld.slots, unheld.rows, unheld.held_layers) == (held.slots, held.rows, False)

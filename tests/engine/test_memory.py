@@ -55,7 +55,7 @@ def test_the_generation_estimate_is_never_under_xla_and_at_most_twice_it(preset,
   row = memory.compare_generation(config, TINY_GENERATION, jnp.float32, plan.slots, plan.rows, held_layers)
   plans = planner.Planner(config, memory.GIB, 65536, 4)
   assert row["estimate_bytes"] == plans.generation_bytes(4, 8, *TINY_GENERATION.widths, TINY_GENERATION.stop_states,
-                                                         held_layers)
+                                                         held_layers=held_layers)
   terms = row["estimate_terms"]
   assert sum(terms.values()) == row["estimate_bytes"]
   assert row["xla_bytes"] > row["state_bytes"] > 0
