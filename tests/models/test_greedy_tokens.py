@@ -1,6 +1,6 @@
 """`decoder.greedy_tokens`, greedy decoding's next tokens, against the argmax of `lm_logits`: tied embeddings (the
-vocabulary-major layout and its argmax in blocks), an untied LM head, a final soft cap, and ties (the first of equal
-maxima wins, as `jnp.argmax`). Weights and hidden states are small integers, so that every logit is exact in
+vocabulary-major layout and its argmax from maxima), an untied LM head, a final soft cap, ties (the first of equal
+maxima wins, as `jnp.argmax`), and NaNs and infinities in the logits. Weights and hidden states are small integers, so that every logit is exact in
 float32 whatever the matmul's order of summation, and equal logits are equal."""
 
 import dataclasses
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloc.models.decoder import greedy_tokens, lm_logits
+from jaxloc.models.decoder import _argmax_rows, greedy_tokens, lm_logits
 from jaxloc.models.presets import PRESETS
 
 DIM = 16
@@ -53,3 +53,18 @@ def test_equal_maxima_give_the_first_token():
   assert logits[0, 0, 5] == logits[0, 0, 6143] == logits[0, 0].max()
   assert logits[1, 2, 2048] == logits[1, 2, 3072] == logits[1, 2].max()
   assert got[0, 0] == 5 and got[1, 2] == 2048
+
+
+def test_the_argmax_from_maxima_is_jnp_argmax_with_nans_and_infinities():
+  rng = np.random.default_rng(0)
+  logits = rng.standard_normal((6144, 8)).astype(np.float32)
+  logits[[40, 5000], 0] = np.nan  # the first NaN wins, as in jnp.argmax (XLA's vectorized maxima skip NaNs)
+  logits[[4000, 6000], 1] = np.inf
+  logits[:, 2] = -np.inf
+  logits[:, 3] = 1.0  # all equal: the first
+  logits[[100, 3000], 4] = [np.inf, -np.inf]  # a sum of NaN without a NaN: jnp.argmax's path too
+  logits[[2047, 2048], 5] = 9.0  # a tie across a block boundary
+  logits[6143, 6] = np.nan
+  got = np.asarray(_argmax_rows(jnp.asarray(logits)))
+  np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(logits), axis=0)))
+  assert list(got[:7]) == [40, 4000, 0, 0, 100, 2047, 6143]
