@@ -157,8 +157,9 @@ def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, c
   if context:
     prefix_fn = jax.jit(functools.partial(scoring_kernels.prefix_context, module, dtype=dtype))
     result["prefix"] = compiled_bytes(prefix_fn.lower(params, ablation, sds((context,), jnp.int32)))
-    kv_shape = (config.num_layers, masks, context, config.num_kv_heads, config.head_dim)
-    kv = Context(sds(kv_shape, dtype), sds(kv_shape, dtype), sds((masks, 1, context), jnp.bool_),
+    k_shape = (config.num_layers, masks, context, config.num_kv_heads, config.head_dim)
+    v_shape = (config.num_layers, masks, config.num_kv_heads, config.head_dim, context)
+    kv = Context(sds(k_shape, dtype), sds(v_shape, dtype), sds((masks, 1, context), jnp.bool_),
                  sds((1, 1, context), jnp.int32))
   score_fn = jax.jit(functools.partial(scoring_kernels.score_chunk, module, config, dtype=dtype))
   result["scoring"] = compiled_bytes(score_fn.lower(params, ablation, kv, rows), param_bytes(config, dtype))

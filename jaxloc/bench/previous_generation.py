@@ -109,7 +109,9 @@ def greedy_generate(module, config, params, ablation: Ablation, prompt, prompt_v
     lengths = lengths + (~done).astype(jnp.int32)
     done = done | (current[:, None] == eos_ids[None]).any(-1) | stop_hit[current, automaton]
     automaton = stop_next[current, automaton]
-    context = Context(cache_k, cache_v, cache_valid[:, None, :], cache_positions)
+    # Its cache holds values as the keys, [L, B, C, K, Dh]: moved positions-last in every step, as `Context` takes
+    # them (the move XLA made inside the attention's product before `Context` held values that way).
+    context = Context(cache_k, jnp.moveaxis(cache_v, 2, -1), cache_valid[:, None, :], cache_positions)
     out = module.apply({"params": params}, current[:, None, None], pos[:, None, None], ablation=ablation,
                        context=context, outputs=OutputSpec(kv=True), dtype=dtype)
     write = seq + step

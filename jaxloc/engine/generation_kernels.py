@@ -37,7 +37,8 @@ class Slots:
   """The decoding state of a generation job (a pytree, donated to and returned by every call).
 
   ablation: the mask slots' masks (head_mask [Ms, L, H], neuron_mask [Ms, L, F], 1 keep) with their fills.
-  prefix_len: int32 scalar, the real tokens of the P-wide prefix; prefix_k, prefix_v: [L, Ms, P, K, Dh].
+  prefix_len: int32 scalar, the real tokens of the P-wide prefix; prefix_k [L, Ms, P, K, Dh], prefix_v
+  [L, Ms, K, Dh, P] (as a `Context` holds them).
   cache_k, cache_v: each row's own keys/values, per layer (L arrays, apart, so that a decode step reads each layer's
   where it lies: `Transformer.unrolled`), keys [Ms, Rs, K, C, Dh] and values [Ms, Rs, K, Dh, C] (the layouts its
   matmuls read); length [Ms, Rs]: how many are filled.
@@ -69,7 +70,8 @@ def slot_shapes(config: ModelConfig, dtype: DTypeLike, *, slots: int, rows: int,
   mean ablation."""
   c = config
   shape: Callable[..., Any] = jax.ShapeDtypeStruct  # shapes stand in for the arrays of a `Slots` (a pytree)
-  kv = shape((c.num_layers, slots, prefix, c.num_kv_heads, c.head_dim), dtype)
+  prefix_k = shape((c.num_layers, slots, prefix, c.num_kv_heads, c.head_dim), dtype)
+  prefix_v = shape((c.num_layers, slots, c.num_kv_heads, c.head_dim, prefix), dtype)
   own_k = tuple(shape((slots, rows, c.num_kv_heads, cache, c.head_dim), dtype) for _ in range(c.num_layers))
   own_v = tuple(shape((slots, rows, c.num_kv_heads, c.head_dim, cache), dtype) for _ in range(c.num_layers))
   per_row = lambda d: shape((slots, rows), d)  # noqa: E731
@@ -77,7 +79,7 @@ def slot_shapes(config: ModelConfig, dtype: DTypeLike, *, slots: int, rows: int,
                       shape((c.num_layers, c.num_heads, c.head_dim), dtype) if heads and head_fill else None,
                       shape((slots, c.num_layers, c.intermediate_size), dtype) if neurons else None,
                       shape((c.num_layers, c.intermediate_size), dtype) if neurons and neuron_fill else None)
-  return Slots(ablation, shape((), jnp.int32), kv, kv, own_k, own_v, per_row(jnp.int32), per_row(jnp.int32),
+  return Slots(ablation, shape((), jnp.int32), prefix_k, prefix_v, own_k, own_v, per_row(jnp.int32), per_row(jnp.int32),
                shape((slots, rows, new), jnp.int32), per_row(jnp.int32), per_row(bool), per_row(jnp.int32))
 
 
@@ -144,7 +146,7 @@ def load_masks(module: Any, params: Any, state: Slots, slot: Array, masks: Ablat
     k = jnp.where(below, start[2][:, None].astype(k.dtype), k)
     v = jnp.where(below, start[3][:, None].astype(v.dtype), v)
   return dataclasses.replace(state, prefix_k=state.prefix_k.at[:, slot].set(k, mode="drop"),
-                             prefix_v=state.prefix_v.at[:, slot].set(v, mode="drop"))
+                             prefix_v=state.prefix_v.at[:, slot].set(jnp.moveaxis(v, 2, -1), mode="drop"))
 
 
 def insert_rows(module: Any, config: ModelConfig, params: Any, state: Slots, row: Array, tokens: Array,
@@ -204,6 +206,9 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
   emitted = state.tokens.shape[2]
   mi, ri = jnp.arange(slots)[:, None], jnp.arange(rows)[None, :]
   context = prefix_context(state)
+  if context is not None:  # each layer's prefix apart, once per call: a step reads each where it lies
+    context = tuple(Context(context.k[layer], context.v[layer], context.valid, context.positions)
+                    for layer in range(config.num_layers))
   positions = (state.prefix_len + jnp.arange(span))[None, None]
   Carry = tuple[Array, tuple[Array, ...], tuple[Array, ...], Slots]
 

@@ -292,9 +292,9 @@ class Planner:
     mask slots' prefix keys/values, every row's own cache (suffix and new tokens), the unablated prefix (residual
     streams, keys and values of every layer: masks resume above their first ablated layer from it), the stop-string
     automaton's tables ([vocab, stop_states], int32 and bool). Within a call, the larger of: a decode chunk (its own
-    copy of the laid-out weights where the job holds none, live through the logits too; one layer's caches copied,
-    every layer's cache sliced to a short span; one token per row attending to the prefix and its cache: three
-    float32 copies of the scores) and a prefill of `insert_rows` rows per mask slot (as a scoring call, plus the
+    copy of the laid-out weights where the job holds none, live through the logits too; its copy of the prefix
+    keys/values, each layer's apart; one layer's caches copied, every layer's cache sliced to a short span; one
+    token per row attending to the prefix and its cache: three float32 copies of the scores) and a prefill of `insert_rows` rows per mask slot (as a scoring call, plus the
     inserted rows' keys/values of every layer before they go into the cache).
 
     The terms follow XLA's `memory_analysis()` of the compiled calls (`experiments.benchmark_memory
@@ -306,7 +306,9 @@ class Planner:
     # (`generation.decode_span`).
     spans = c.num_layers * slots * rows * (cache // 3) * kv
     weights = c.num_layers * layer_weight_bytes(c, self.dtype_bytes)
+    # A decode call's own copy of the prefix keys/values, each layer's apart (`generation_kernels.decode`).
     decode = (self.activation_bytes(slots, rows, 1, 0, 1) + (0 if held_layers else weights) + spans
+              + c.num_layers * slots * prefix * kv
               + 3 * 4 * slots * rows * c.num_heads * (prefix + cache) + slots * rows * cache * kv)
     inserted = self.insert_rows(slots, rows, suffix)
     # The scoring formula's prefill, less its prefix keys/values (held above), 5% over: OLMo-2's insert (q/k norms over

@@ -338,7 +338,7 @@ def prefix_context(module: Any, params: Any, ablation: Ablation, prefix_tokens: 
   out = module.apply({"params": params}, tokens, jnp.arange(prefix_len)[None, None], ablation=ablation, start=start,
                      outputs=OutputSpec(kv=True), dtype=dtype)
   k = out.k[:, :, 0]
-  v = out.v[:, :, 0]
+  v = jnp.moveaxis(out.v[:, :, 0], 2, -1)  # [L, M, K, Dh, P], as a `Context` holds values
   return Context(k, v, jnp.ones((masks, 1, prefix_len), bool), jnp.arange(prefix_len)[None, None])
 
 
@@ -351,7 +351,7 @@ def unablated_residuals(module: Any, params: Any, prefix_tokens: jax.Array | Non
     prefix_len = prefix_tokens.shape[0]
     out = module.apply({"params": params}, prefix_tokens[None, None], jnp.arange(prefix_len)[None, None],
                        outputs=OutputSpec(kv=True, residuals=True), dtype=dtype)
-    context = Context(out.k[:, :, 0], out.v[:, :, 0], jnp.ones((1, 1, prefix_len), bool),
+    context = Context(out.k[:, :, 0], jnp.moveaxis(out.v[:, :, 0], 2, -1), jnp.ones((1, 1, prefix_len), bool),
                       jnp.arange(prefix_len)[None, None])
     prefix_residuals = out.residual[:, 0, 0]
   out = module.apply({"params": params}, rows.tokens[None], rows.positions[None], context=context,

@@ -143,9 +143,11 @@ class LayerInputs:
   mode of `Transformer.__call__`.
 
   index: int [L], the layer's number. head_mask: [L, M, K, G]; head_fill: [L, K, G, Dh] or [L, R, S, K, G, Dh];
-  neuron_mask: [L, M, F]; neuron_fill: [L, F] or [L, R, S, F] (`Ablation`, laid out per layer). context_k, context_v: [L, M, C, K, Dh] (`Context` shared by a
-  mask's requests); cache_k [M, R, K, C', Dh], cache_v [M, R, K, Dh, C']: this layer's decoding cache (each request's
-  own `Context`), set per layer by `Transformer.unrolled`, never stacked.
+  neuron_mask: [L, M, F]; neuron_fill: [L, F] or [L, R, S, F] (`Ablation`, laid out per layer). context_k
+  [L, M, C, K, Dh], context_v [L, M, K, Dh, C] (`Context` shared by a mask's requests; set per layer by
+  `Transformer.unrolled` where the context comes one `Context` per layer); cache_k [M, R, K, C', Dh], cache_v
+  [M, R, K, Dh, C']: this layer's decoding cache (each request's own `Context`), set per layer by
+  `Transformer.unrolled`, never stacked.
   window: int [L], how far back each layer's queries see (`ModelConfig.layer_windows`; None when no layer slides).
   rope: int [L], each layer's rotary table in `SharedInputs.cos`/`sin` (None when every layer uses the first).
   """
@@ -334,14 +336,16 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens: Array, positions: Array, *, ablation: Ablation | None = None,
-               context: Context | None = None, segments: Array | None = None, start: Resume | None = None,
-               outputs: OutputSpec = OutputSpec(), dtype: Any = None,
+               context: Context | tuple[Context, ...] | None = None, segments: Array | None = None,
+               start: Resume | None = None, outputs: OutputSpec = OutputSpec(), dtype: Any = None,
                cache: tuple[Context, ...] | None = None) -> ModelOutput:
     """Runs the decoder.
 
     tokens: int [M, R, S]. positions: int [M|1, R|1, S], absolute positions (after any context).
     ablation: head and/or neuron masks with their fill values (`Ablation`), or None for the unablated model.
-    context: keys/values [L, M, C, K, Dh] visible to every request, with `valid` [M, R|1, C].
+    context: keys [L, M, C, K, Dh] and values [L, M, K, Dh, C] visible to every request, with `valid` [M, R|1, C];
+      with a cache, also one `Context` per layer (each layer's keys and values where they lie, every layer with the
+      same `valid` and positions).
     cache: each request's own keys/values (a decoding cache), one `Context` per layer (keys [M, R, K, C', Dh], values
       [M, R, K, Dh, C'], every layer with the same `valid` [M, R, C'] and positions); a token attends to the context,
       then its cache, then the tokens of this call. With a cache the layers run unrolled (`unrolled`).
@@ -371,15 +375,19 @@ class Transformer(nn.Module):
     ablation = ablation or Ablation()
     if outputs.unit_sums and segments is None:
       segments = jnp.zeros(tokens.shape, jnp.int32)
-    layer = LayerInputs.build(cfg, ablation, context, tokens.shape[0])
+    per_layer = context if isinstance(context, tuple) else None
+    if per_layer is not None and cache is None:
+      raise ValueError("a context given per layer needs a cache: the layers then run unrolled")
+    layer = LayerInputs.build(cfg, ablation, None if per_layer is not None else context, tokens.shape[0])
+    seen = per_layer[0] if per_layer is not None else context  # every layer's has the same valid entries and positions
     visible = None if cache is None else cache[0]  # every layer's cache has the same valid entries and positions
     shared = SharedInputs(cos, sin, positions, segments, ablation.neuron_where,
-                          None if context is None else context.valid, None if context is None else context.positions,
+                          None if seen is None else seen.valid, None if seen is None else seen.positions,
                           None if visible is None else visible.valid, None if visible is None else visible.positions,
                           None if start is None else start.layer, None if start is None else start.starts,
                           None if start is None else start.residuals)
     if cache is not None:
-      x, stacked = self.unrolled(x, layer, shared, cache, outputs)
+      x, stacked = self.unrolled(x, layer, shared, cache, outputs, per_layer)
     else:
       layers = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                        in_axes=(0, nn.broadcast), length=cfg.num_layers)(cfg, self.param_dtype, outputs, name="layers")
@@ -389,13 +397,15 @@ class Transformer(nn.Module):
                        stacked.heads, stacked.neurons, stacked.attention)
 
   def unrolled(self, x: Array, layer: LayerInputs, shared: SharedInputs, caches: tuple[Context, ...],
-               outputs: OutputSpec) -> tuple[Array, LayerOutputs]:
-    """The layers one after another (not scanned), layer l with its own cache `caches[l]` and its own slice of the
-    stacked parameters: a decode step reads each layer's weights and cache where they lie, where the scan copies
-    every layer's slice of them first (XLA materializes a dynamic slice that feeds a matmul). Only in `apply`."""
+               outputs: OutputSpec, contexts: tuple[Context, ...] | None = None) -> tuple[Array, LayerOutputs]:
+    """The layers one after another (not scanned), layer l with its own cache `caches[l]`, its own context
+    `contexts[l]` where the context comes per layer, and its own slice of the stacked parameters: a decode step reads
+    each layer's weights, context and cache where they lie, where a slice of stacked ones is copied first (XLA
+    materializes a slice that feeds a matmul). Only in `apply`."""
     cfg = self.config
-    if len(caches) != cfg.num_layers:
-      raise ValueError(f"{len(caches)} per-layer caches for {cfg.num_layers} layers")
+    if len(caches) != cfg.num_layers or (contexts is not None and len(contexts) != cfg.num_layers):
+      raise ValueError(f"{len(caches)} per-layer caches and {len(contexts or ())} per-layer contexts for "
+                       f"{cfg.num_layers} layers")
     params = self.variables["params"]["layers"]
     if not isinstance(params, tuple):  # stacked [L, ...]: sliced here (`layer_params` slices once, outside a loop)
       params = layer_params(params, cfg.num_layers)
@@ -404,6 +414,8 @@ class Transformer(nn.Module):
     for index, cache in enumerate(caches):
       own = jax.tree.map(lambda a: a[index], layer)  # noqa: B023  (used at once)
       own = dataclasses.replace(own, cache_k=cache.k, cache_v=cache.v)
+      if contexts is not None:
+        own = dataclasses.replace(own, context_k=contexts[index].k, context_v=contexts[index].v)
       x, out = step.apply({"params": params[index]}, x, own, shared)
       collected.append(out)
     return x, jax.tree.map(lambda *parts: jnp.stack(parts), *collected)

@@ -115,9 +115,9 @@ class Context:
   """Keys/values computed earlier: visible to every request of a mask (a shared prefix), or each request's own (a
   decoding cache).
 
-  k, v: [M, C, K, Dh] shared by a mask's requests, for one layer (with a leading L when held for all layers); or one
-    block per request, for one layer, in the layouts a decode step's matmuls read without a copy: k [M, R, K, C, Dh],
-    v [M, R, K, Dh, C].
+  k, v: shared by a mask's requests, for one layer (with a leading L when held for all layers), k [M, C, K, Dh] and
+    v [M, K, Dh, C]; or one block per request, for one layer, k [M, R, K, C, Dh] and v [M, R, K, Dh, C]. Values are
+    positions-last, the layout the probabilities-times-values product reads without a copy.
   valid: bool [M, R|1, C'], which context positions each request may attend to; C' < C reads only the first C'
     (a decoding cache allocated for the longest row, read up to the longest live one).
   positions: int [M|1, R|1, C], each context key's absolute position (a sliding-window layer's query at position p
@@ -191,9 +191,10 @@ class Attention(nn.Module):
                window: Array | None = None, cache: Context | None = None):
     """x: [M, R, S, D]; head_mask: [M, K, G] (1 keep, 0 ablate); head_fill: [K, G, Dh], or [R, S, K, G, Dh] a value
     per request and position (activation patching: another run's head outputs), or None (zero ablation);
-    context: keys/values shared by each mask's requests (k [M, C, K, Dh]); cache: each request's own (k
-    [M, R, K, C', Dh], v [M, R, K, Dh, C']: `Context`). A query attends to the context, then the cache, then the tokens of this call: one softmax
-    over the three blocks of scores, so that a mask's prefix is read once for all its requests;
+    context: keys/values shared by each mask's requests (k [M, C, K, Dh], v [M, K, Dh, C]); cache: each request's own
+    (k [M, R, K, C', Dh], v [M, R, K, Dh, C']: `Context`). A query attends to the context, then the cache, then the
+    tokens of this call: one softmax over the three blocks of scores, so that a mask's prefix is read once for all
+    its requests;
     segments: int [M|1, R|1, S] or None (`Transformer`: a token sees earlier tokens of its own segment only);
     window: int32 scalar or None: a query at position p sees keys at positions > p - window (`positions`
     [M|1, R|1, S], the queries' own; context keys carry theirs).
@@ -240,8 +241,8 @@ class Attention(nn.Module):
         continue
       width = earlier.valid.shape[-1]  # a cache is read up to `width`
       if earlier.k.ndim == 4:  # shared by a mask's requests
-        keys = values = "mckh"
-        earlier_k, earlier_v = earlier.k[:, :width], earlier.v[:, :width]
+        keys, values = "mckh", "mkhc"
+        earlier_k, earlier_v = earlier.k[:, :width], earlier.v[..., :width]
       else:  # each request's own
         keys, values = "mrkch", "mrkhc"
         earlier_k, earlier_v = earlier.k[:, :, :, :width], earlier.v[..., :width]
