@@ -205,10 +205,10 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
   slots, rows = state.length.shape
   emitted = state.tokens.shape[2]
   mi, ri = jnp.arange(slots)[:, None], jnp.arange(rows)[None, :]
-  context = prefix_context(state)
-  if context is not None:  # each layer's prefix apart, once per call: a step reads each where it lies
-    context = tuple(Context(context.k[layer], context.v[layer], context.valid, context.positions)
-                    for layer in range(config.num_layers))
+  stacked = prefix_context(state)
+  # Each layer's prefix apart, once per call: a step reads each where it lies.
+  context = None if stacked is None else tuple(
+      Context(stacked.k[layer], stacked.v[layer], stacked.valid, stacked.positions) for layer in range(config.num_layers))
   positions = (state.prefix_len + jnp.arange(span))[None, None]
   Carry = tuple[Array, tuple[Array, ...], tuple[Array, ...], Slots]
 
