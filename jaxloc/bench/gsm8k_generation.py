@@ -229,10 +229,10 @@ def _equal(texts: Sequence[Sequence[str]], reference: Sequence[Sequence[str]]) -
 
 
 def _job_layout(engine: Engine, known: set, masks: int, docs: int, prefix: int, suffixes: Sequence[int],
-                max_new: int) -> tuple[int, int, bool, str]:
+                max_new: int) -> tuple[int, int, bool | None, str]:
   """(rows per decode call, rows per mask slot, whether the job held its laid-out layers, where from): the layout the
   generator settled on for this job (the one its `_layouts` gained), else the planner's first guess for the same
-  shapes."""
+  shapes (whether the layers were held is then unknown: XLA's check may have let them go)."""
   new = [layout for key, layout in engine.generator._layouts.items() if key not in known]
   if new:
     layout, source = new[-1], "the generator's layout"
@@ -242,7 +242,8 @@ def _job_layout(engine: Engine, known: set, masks: int, docs: int, prefix: int, 
         suffix=batching.bucket(max(suffixes)), new=batching.bucket_pow2(max_new))
     source = "the planner's estimate (the layout was cached before this run)"
   per_slot = min(layout.rows, docs)
-  return min(layout.slots, masks) * per_slot, per_slot, layout.held_layers, source
+  held = layout.held_layers if new else None
+  return min(layout.slots, masks) * per_slot, per_slot, held, source
 
 
 def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray, *, peak_gflops: float,
@@ -311,7 +312,8 @@ def workload(engine: Engine, cfg, torch_model, peak_gflops: float) -> dict[str, 
 
 
 def _held_words(held: bool | None) -> str:
-  """How the job's decode calls got their laid-out layers (nothing for a run recorded before `layers_held`)."""
+  """How the job's decode calls got their laid-out layers (nothing where unknown: a layout from before this run or a run
+  recorded before `layers_held`)."""
   if held is None:
     return ""
   return "; layers laid out once, held by the job" if held else "; layers laid out by every decode call"

@@ -207,8 +207,8 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
   mi, ri = jnp.arange(slots)[:, None], jnp.arange(rows)[None, :]
   stacked = prefix_context(state)
   # Each layer's prefix apart, once per call: a step reads each where it lies.
-  context = None if stacked is None else tuple(
-      Context(stacked.k[layer], stacked.v[layer], stacked.valid, stacked.positions) for layer in range(config.num_layers))
+  context = None if stacked is None else tuple(Context(stacked.k[layer], stacked.v[layer], stacked.valid,
+                                                       stacked.positions) for layer in range(config.num_layers))
   positions = (state.prefix_len + jnp.arange(span))[None, None]
   Carry = tuple[Array, tuple[Array, ...], tuple[Array, ...], Slots]
 

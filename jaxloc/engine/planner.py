@@ -294,8 +294,9 @@ class Planner:
     automaton's tables ([vocab, stop_states], int32 and bool). Within a call, the larger of: a decode chunk (its own
     copy of the laid-out weights where the job holds none, live through the logits too; its copy of the prefix
     keys/values, each layer's apart; one layer's caches copied, every layer's cache sliced to a short span; one
-    token per row attending to the prefix and its cache: three float32 copies of the scores) and a prefill of `insert_rows` rows per mask slot (as a scoring call, plus the
-    inserted rows' keys/values of every layer before they go into the cache).
+    token per row attending to the prefix and its cache: three float32 copies of the scores) and a prefill of
+    `insert_rows` rows per mask slot (as a scoring call, plus the inserted rows' keys/values of every layer before
+    they go into the cache).
 
     The terms follow XLA's `memory_analysis()` of the compiled calls (`experiments.benchmark_memory
     --parts=generation`, every preset): never under."""

@@ -320,7 +320,8 @@ def layout(tokenized: TokenizedRequests, rows: list[list[int]], rows_per_chunk: 
 def prefix_context(module: Any, params: Any, ablation: Ablation, prefix_tokens: jax.Array,
                    start_layer: jax.Array | None = None, residuals: jax.Array | None = None,
                    mask_starts: jax.Array | None = None, *, dtype: DTypeLike) -> Context:
-  """Keys/values [L, Mb, P, K, Dh] of the shared prefix under each mask (the mask changes them too).
+  """Keys [L, Mb, P, K, Dh] and values [L, Mb, K, Dh, P] of the shared prefix under each mask (the mask changes them
+  too).
 
   With `start_layer` (int32 scalar), the layers below it are skipped: `residuals` [L, P, D] holds the unablated
   prefix's residual stream entering every layer (`unablated_residuals`); their keys/values come out as zeros, read

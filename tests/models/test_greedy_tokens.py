@@ -1,7 +1,7 @@
 """`decoder.greedy_tokens`, greedy decoding's next tokens, against the argmax of `lm_logits`: tied embeddings (the
 vocabulary-major layout and its argmax from maxima), an untied LM head, a final soft cap, ties (the first of equal
-maxima wins, as `jnp.argmax`), and NaNs and infinities in the logits. Weights and hidden states are small integers, so that every logit is exact in
-float32 whatever the matmul's order of summation, and equal logits are equal."""
+maxima wins, as `jnp.argmax`), and NaNs and infinities in the logits. Weights and hidden states are small integers,
+so that every logit is exact in float32 whatever the matmul's order of summation, and equal logits are equal."""
 
 import dataclasses
 
