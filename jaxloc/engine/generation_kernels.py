@@ -40,8 +40,8 @@ class Slots:
   prefix_len: int32 scalar, the real tokens of the P-wide prefix; prefix_k [L, Ms, P, K, Dh], prefix_v
   [L, Ms, K, Dh, P] (as a `Context` holds them).
   cache_k, cache_v: each row's own keys/values, per layer (L arrays, apart, so that a decode step reads each layer's
-  where it lies: `Transformer.unrolled`), keys [Ms, Rs, K, C, Dh] and values [Ms, Rs, K, Dh, C] (the layouts its
-  matmuls read); length [Ms, Rs]: how many are filled.
+  where it lies: `Transformer.unrolled`), keys [Ms, Rs, K, Dh, C] and values [Ms, Rs, K, C, Dh] (the layouts its
+  matmuls read, `layers.Context`); length [Ms, Rs]: how many are filled.
   current [Ms, Rs]: the token a row feeds next (emitted by the step that feeds it); tokens [Ms, Rs, T]: emitted so
   far, `count` [Ms, Rs] of them; done [Ms, Rs]: the row emits nothing more; automaton [Ms, Rs]: its stop-string state.
   """
@@ -72,8 +72,8 @@ def slot_shapes(config: ModelConfig, dtype: DTypeLike, *, slots: int, rows: int,
   shape: Callable[..., Any] = jax.ShapeDtypeStruct  # shapes stand in for the arrays of a `Slots` (a pytree)
   prefix_k = shape((c.num_layers, slots, prefix, c.num_kv_heads, c.head_dim), dtype)
   prefix_v = shape((c.num_layers, slots, c.num_kv_heads, c.head_dim, prefix), dtype)
-  own_k = tuple(shape((slots, rows, c.num_kv_heads, cache, c.head_dim), dtype) for _ in range(c.num_layers))
-  own_v = tuple(shape((slots, rows, c.num_kv_heads, c.head_dim, cache), dtype) for _ in range(c.num_layers))
+  own_k = tuple(shape((slots, rows, c.num_kv_heads, c.head_dim, cache), dtype) for _ in range(c.num_layers))
+  own_v = tuple(shape((slots, rows, c.num_kv_heads, cache, c.head_dim), dtype) for _ in range(c.num_layers))
   per_row = lambda d: shape((slots, rows), d)  # noqa: E731
   ablation = Ablation(shape((slots, c.num_layers, c.num_heads), dtype) if heads else None,
                       shape((c.num_layers, c.num_heads, c.head_dim), dtype) if heads and head_fill else None,
@@ -164,9 +164,9 @@ def insert_rows(module: Any, config: ModelConfig, params: Any, state: Slots, row
   mi = jnp.arange(slots)[:, None]
   at = lambda a: a.at[mi, row]  # noqa: E731  [Ms, Ri] entries of a [Ms, Rs, ...] array
   return dataclasses.replace(
-      state, cache_k=tuple(c.at[mi, row, :, :width].set(jnp.swapaxes(k, 2, 3), mode="drop")  # [Ms, Ri, K, S, Dh]
+      state, cache_k=tuple(c.at[mi, row, :, :, :width].set(jnp.moveaxis(k, 2, 4), mode="drop")  # [Ms, Ri, K, Dh, S]
                            for c, k in zip(state.cache_k, out.k)),
-      cache_v=tuple(c.at[mi, row, :, :, :width].set(jnp.moveaxis(v, 2, 4), mode="drop")  # [Ms, Ri, K, Dh, S]
+      cache_v=tuple(c.at[mi, row, :, :width].set(jnp.swapaxes(v, 2, 3), mode="drop")  # [Ms, Ri, K, S, Dh]
                     for c, v in zip(state.cache_v, out.v)),
       length=at(state.length).set(lengths, mode="drop"), current=at(state.current).set(first, mode="drop"),
       tokens=at(state.tokens).set(pad_id, mode="drop"), count=at(state.count).set(0, mode="drop"),
@@ -183,10 +183,11 @@ def decode_span(needed: int, cache: int) -> int:
 
 
 def decode_layers(config: ModelConfig, params: Any) -> tuple[Any, ...]:
-  """Every decoder layer's parameters as `decode` reads them: sliced from the stacked [L, ...] and laid out
-  output-major (`decoder.layer_params`; `Transformer.unrolled` reads each where it lies). A copy of the layers'
-  weights: a generation job makes it once and holds it where that costs it no rows (`GenerationSlots.held_layers`),
-  giving it to every decode call as `params["layers"]`; else each decode call makes its own."""
+  """Every decoder layer's parameters as `decode` reads them: sliced from the stacked [L, ...], the kernels in the
+  decode step's layout (`decoder.layer_params`; `Transformer.unrolled` reads each where it lies). A copy of the
+  layers' weights: a generation job makes it once and holds it where that costs it no rows
+  (`GenerationSlots.held_layers`), giving it to every decode call as `params["layers"]`; else each decode call makes
+  its own."""
   return layer_params(params["layers"], config.num_layers)
 
 
@@ -231,8 +232,8 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
     # The new keys/values are written once the step has read every cache: so the writes are in place (without this
     # order XLA copies each layer's whole cache before writing it, as nothing orders the reads first).
     hidden, new_k, new_v = jax.lax.optimization_barrier((out.hidden, out.k, out.v))
-    k = tuple(lk.at[mi, ri, :, s.length].set(new[:, :, 0], mode="drop") for lk, new in zip(k, new_k))
-    v = tuple(lv.at[mi, ri, :, :, s.length].set(new[:, :, 0], mode="drop") for lv, new in zip(v, new_v))
+    k = tuple(lk.at[mi, ri, :, :, s.length].set(new[:, :, 0], mode="drop") for lk, new in zip(k, new_k))
+    v = tuple(lv.at[mi, ri, :, s.length].set(new[:, :, 0], mode="drop") for lv, new in zip(v, new_v))
     following = greedy_tokens(config, params, hidden[:, :, 0])
     s = dataclasses.replace(s, length=s.length + ~done, current=jnp.where(done, s.current, following),
                             tokens=tokens, count=count, done=done, automaton=automaton)

@@ -22,12 +22,14 @@ Axes are those of `layers.py`, plus `layers` L (the scanned decoder layers), `vo
 2 when sliding layers rotate with their own base, else 1).
 Tokens are [M, R, S]: every mask has its own batch of requests, which may share context keys/values
 [L, M, C, K, Dh] (a prefix computed once per mask) and may each have their own, a decoding cache (per layer, keys
-[M, R, K, C', Dh] and values [M, R, K, Dh, C']: the layouts the decode step's matmuls read without a copy).
+[M, R, K, Dh, C'] and values [M, R, K, C', Dh]: the layouts the decode step's matmuls read without a copy,
+`layers.Attention`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -37,6 +39,11 @@ import jax.numpy as jnp
 
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.layers import MLP, Attention, Context, norm, out_major, rotary_tables
+
+try:  # the CPU features numpy detected at run time (`kernels_output_major`)
+  from numpy._core._multiarray_umath import __cpu_features__ as _CPU_FEATURES  # type: ignore[attr-defined]
+except ImportError:  # numpy 1.x
+  from numpy.core._multiarray_umath import __cpu_features__ as _CPU_FEATURES  # type: ignore[attr-defined,no-redef]
 
 Array = jax.Array
 
@@ -145,8 +152,8 @@ class LayerInputs:
   index: int [L], the layer's number. head_mask: [L, M, K, G]; head_fill: [L, K, G, Dh] or [L, R, S, K, G, Dh];
   neuron_mask: [L, M, F]; neuron_fill: [L, F] or [L, R, S, F] (`Ablation`, laid out per layer). context_k
   [L, M, C, K, Dh], context_v [L, M, K, Dh, C] (`Context` shared by a mask's requests; set per layer by
-  `Transformer.unrolled` where the context comes one `Context` per layer); cache_k [M, R, K, C', Dh], cache_v
-  [M, R, K, Dh, C']: this layer's decoding cache (each request's own `Context`), set per layer by
+  `Transformer.unrolled` where the context comes one `Context` per layer); cache_k [M, R, K, Dh, C'], cache_v
+  [M, R, K, C', Dh]: this layer's decoding cache (each request's own `Context`), set per layer by
   `Transformer.unrolled`, never stacked.
   window: int [L], how far back each layer's queries see (`ModelConfig.layer_windows`; None when no layer slides).
   rope: int [L], each layer's rotary table in `SharedInputs.cos`/`sin` (None when every layer uses the first).
@@ -346,8 +353,8 @@ class Transformer(nn.Module):
     context: keys [L, M, C, K, Dh] and values [L, M, K, Dh, C] visible to every request, with `valid` [M, R|1, C];
       with a cache, also one `Context` per layer (each layer's keys and values where they lie, every layer with the
       same `valid` and positions).
-    cache: each request's own keys/values (a decoding cache), one `Context` per layer (keys [M, R, K, C', Dh], values
-      [M, R, K, Dh, C'], every layer with the same `valid` [M, R, C'] and positions); a token attends to the context,
+    cache: each request's own keys/values (a decoding cache), one `Context` per layer (keys [M, R, K, Dh, C'], values
+      [M, R, K, C', Dh], every layer with the same `valid` [M, R, C'] and positions); a token attends to the context,
       then its cache, then the tokens of this call. With a cache the layers run unrolled (`unrolled`).
     segments: int [M|1, R|1, S]: a token attends to earlier tokens of its own segment only (several requests packed
       in one row); -1 marks padding, which no real token sees. None: one segment per row (right padding needs
@@ -409,7 +416,7 @@ class Transformer(nn.Module):
     params = self.variables["params"]["layers"]
     if not isinstance(params, tuple):  # stacked [L, ...]: sliced here (`layer_params` slices once, outside a loop)
       params = layer_params(params, cfg.num_layers)
-    step = DecoderLayer(cfg, self.param_dtype, outputs, out_major=True, parent=None)
+    step = DecoderLayer(cfg, self.param_dtype, outputs, out_major=kernels_output_major(), parent=None)
     collected = []
     for index, cache in enumerate(caches):
       own = jax.tree.map(lambda a: a[index], layer)  # noqa: B023  (used at once)
@@ -422,11 +429,28 @@ class Transformer(nn.Module):
 
 
 def layer_params(stacked: Any, num_layers: int) -> tuple[Any, ...]:
-  """The decoder layers' parameters [L, ...] (`params["layers"]`) as L trees, one per layer, each kernel output-major
-  (`layers.out_major`, the layout `Transformer.unrolled` reads). Given as `params["layers"]` with per-layer caches,
-  they are sliced and laid out where this runs (`generation_kernels.decode_layers`): once per generation job where
-  the job holds the copy, else once per decode call, before its loop; never in every step."""
-  return tuple(out_major(jax.tree.map(lambda a: a[index], stacked)) for index in range(num_layers))  # noqa: B023
+  """The decoder layers' parameters [L, ...] (`params["layers"]`) as L trees, one per layer, each kernel in the layout
+  `Transformer.unrolled` reads (`kernels_output_major`). Given as `params["layers"]` with per-layer caches, they are
+  sliced and laid out where this runs (`generation_kernels.decode_layers`): once per generation job where the job
+  holds the copy, else once per decode call, before its loop; never in every step."""
+  lay_out = out_major if kernels_output_major() else (lambda tree: tree)
+  return tuple(lay_out(jax.tree.map(lambda a: a[index], stacked)) for index in range(num_layers))  # noqa: B023
+
+
+@functools.lru_cache(maxsize=None)
+def kernels_output_major() -> bool:
+  """Whether the unrolled decode step reads its layers' kernels output-major (`layers.out_major`, `layers.project`)
+  rather than as the checkpoints store them: everywhere but on a CPU with AVX-512. At a decode step's few rows,
+  XLA:CPU's matmuls took 1.5-2.3x less time with the kernel output-major, as the streamed left operand, on 2 AVX2
+  cores (32 rows of Gemma 3 270M's gate, down and q projections), and 15-35% more time than with the kernel as
+  stored, the right operand, on 2 AVX-512 cores (2026-11-29; `experiments.benchmark_throughput` on either). Fixed for
+  the process, so that `layer_params` and `Transformer.unrolled` agree."""
+  return jax.default_backend() != "cpu" or not _cpu_has_avx512()
+
+
+def _cpu_has_avx512() -> bool:
+  """Whether this machine's CPU has AVX-512 (numpy's runtime detection; False where numpy does not say)."""
+  return bool(_CPU_FEATURES.get("AVX512F", False))
 
 
 def greedy_tokens(config: ModelConfig, params, hidden: Array) -> Array:

@@ -10,6 +10,7 @@ from jaxloc.engine.engine import Engine
 from jaxloc.engine.generator import shared_prefix_length
 from jaxloc.engine.requests import GenerationRequest
 from jaxloc.engine.stops import stop_tables, truncate_at_stop
+from jaxloc.models import decoder
 from jaxloc.tasks import gsm8k
 from tests.tiny import GEMMA3, make_tiny
 
@@ -102,6 +103,20 @@ def test_generation_batches_equal_one_by_one(tiny_model):
   one_at_a_time = Engine(tiny_model, EngineConfig(generation_batch=1))
   single = [[one_at_a_time.generate([r], m[None])[0][0] for r in requests] for m in masks]
   assert batched == single
+
+
+def test_both_kernel_layouts_generate_the_same_texts(tiny_model, monkeypatch):
+  """The decode step's kernels output-major (a CPU without AVX-512) or as stored (one with it,
+  `decoder.kernels_output_major`): the same texts, a machine of either kind testing both."""
+  requests = [GenerationRequest(p, max_new_tokens=8) for p in PROMPTS[:6]]
+  masks = np.ones((2, 3, 6), np.float32)
+  masks[1, 1, :3] = 0
+  texts = []
+  for output_major in (True, False):
+    monkeypatch.setattr(decoder, "kernels_output_major", lambda output_major=output_major: output_major)
+    texts.append(Engine(tiny_model, EngineConfig(generation_batch=4)).generate(requests, masks))
+  assert texts[0] == texts[1]
+  assert texts[0][0] != texts[0][1]  # the mask changes what is generated
 
 
 def test_idle_rows_do_not_keep_the_loop_running(tiny_model):

@@ -1,6 +1,7 @@
-"""The output-major kernel layout a decode step reads (`layers.out_major`, `layers.project`): every kernel of a layer,
-and only the kernels, has its input axes moved last, and attention and the MLP compute the same outputs from either
-layout. Weights and inputs are small integers, so that every product of them is exact in float32 whatever the order of
+"""The output-major kernel layout a decode step reads where the CPU has no AVX-512 (`layers.out_major`,
+`layers.project`, `decoder.kernels_output_major`): every kernel of a layer, and only the kernels, has its input axes
+moved last, and attention and the MLP compute the same outputs from either layout; elsewhere the layers stay as
+stored. Weights and inputs are small integers, so that every product of them is exact in float32 whatever the order of
 summation: the two layouts must agree bit for bit (attention's output projection, of fractional head outputs, to
 float32 rounding, as the MLP's down projection of fractional neurons)."""
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxloc.models import decoder
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.decoder import Transformer, layer_params
 from jaxloc.models.layers import KERNEL_INPUTS, MLP, Attention, out_major, rotary_tables
@@ -37,7 +39,8 @@ def _apply(module, params, *args):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_out_major_moves_each_kernels_inputs_last(family):
+def test_out_major_moves_each_kernels_inputs_last(family, monkeypatch):
+  monkeypatch.setattr(decoder, "kernels_output_major", lambda: True)
   config = dataclasses.replace(BASE, **FAMILIES[family])
   stacked = _integer_params(Transformer(config), jnp.zeros((1, 1, 3), jnp.int32), jnp.arange(3)[None, None])["layers"]
   first = jax.tree.map(lambda a: a[0], stacked)
@@ -58,6 +61,17 @@ def test_out_major_moves_each_kernels_inputs_last(family):
               "gate_kernel": (40, 24), "up_kernel": (40, 24), "down_kernel": (24, 40)}
   shapes = {path[-1].key: a.shape for path, a in jax.tree_util.tree_leaves_with_path(laid_out)}
   assert {name: shapes[name] for name in expected} == expected
+
+
+def test_layers_stay_as_stored_where_the_decode_step_reads_them_so(monkeypatch):
+  """On a CPU with AVX-512 (`decoder.kernels_output_major` False) the decode step's layers are the stacked ones,
+  sliced: each layer's every parameter as the checkpoint's."""
+  monkeypatch.setattr(decoder, "kernels_output_major", lambda: False)
+  stacked = _integer_params(Transformer(BASE), jnp.zeros((1, 1, 3), jnp.int32), jnp.arange(3)[None, None])["layers"]
+  laid_out = layer_params(stacked, BASE.num_layers)
+  assert len(laid_out) == BASE.num_layers
+  for index, layer in enumerate(laid_out):
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b[index]), layer, stacked)  # noqa: B023
 
 
 @pytest.mark.parametrize("family", FAMILIES)
