@@ -29,7 +29,6 @@ Tokens are [M, R, S]: every mask has its own batch of requests, which may share 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -38,12 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxloc.models.config import ModelConfig
-from jaxloc.models.layers import MLP, Attention, Context, norm, out_major, rotary_tables
-
-try:  # the CPU features numpy detected at run time (`kernels_output_major`)
-  from numpy._core._multiarray_umath import __cpu_features__ as _CPU_FEATURES  # type: ignore[attr-defined]
-except ImportError:  # numpy 1.x
-  from numpy.core._multiarray_umath import __cpu_features__ as _CPU_FEATURES  # type: ignore[attr-defined,no-redef]
+from jaxloc.models.layers import MLP, Attention, Context, kernels_output_major, norm, out_major, rotary_tables
 
 Array = jax.Array
 
@@ -435,22 +429,6 @@ def layer_params(stacked: Any, num_layers: int) -> tuple[Any, ...]:
   holds the copy, else once per decode call, before its loop; never in every step."""
   lay_out = out_major if kernels_output_major() else (lambda tree: tree)
   return tuple(lay_out(jax.tree.map(lambda a: a[index], stacked)) for index in range(num_layers))  # noqa: B023
-
-
-@functools.lru_cache(maxsize=None)
-def kernels_output_major() -> bool:
-  """Whether the unrolled decode step reads its layers' kernels output-major (`layers.out_major`, `layers.project`)
-  rather than as the checkpoints store them: everywhere but on a CPU with AVX-512. At a decode step's few rows,
-  XLA:CPU's matmuls took 1.5-2.3x less time with the kernel output-major, as the streamed left operand, on 2 AVX2
-  cores (32 rows of Gemma 3 270M's gate, down and q projections), and 15-35% more time than with the kernel as
-  stored, the right operand, on 2 AVX-512 cores (2026-11-29; `experiments.benchmark_throughput` on either). Fixed for
-  the process, so that `layer_params` and `Transformer.unrolled` agree."""
-  return jax.default_backend() != "cpu" or not _cpu_has_avx512()
-
-
-def _cpu_has_avx512() -> bool:
-  """Whether this machine's CPU has AVX-512 (numpy's runtime detection; False where numpy does not say)."""
-  return bool(_CPU_FEATURES.get("AVX512F", False))
 
 
 def greedy_tokens(config: ModelConfig, params, hidden: Array) -> Array:

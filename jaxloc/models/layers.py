@@ -31,6 +31,11 @@ import numpy as np
 
 from jaxloc.models.config import ModelConfig, RopeScaling
 
+try:  # the CPU features numpy detected at run time (`kernels_output_major`)
+  from numpy._core._multiarray_umath import __cpu_features__ as _CPU_FEATURES  # type: ignore[attr-defined]
+except ImportError:  # numpy 1.x
+  from numpy.core._multiarray_umath import __cpu_features__ as _CPU_FEATURES  # type: ignore[attr-defined,no-redef]
+
 Array = jax.Array
 # Finite rather than -inf so that a query with no visible key (a padding row) softmaxes to a finite
 # uniform row instead of NaN; such rows are never read.
@@ -159,6 +164,22 @@ def out_major(params: Any) -> Any:
     return a.transpose(order)
 
   return jax.tree_util.tree_map_with_path(move, params)
+
+
+@functools.lru_cache(maxsize=None)
+def kernels_output_major() -> bool:
+  """Whether the unrolled decode step reads its layers' kernels output-major (`out_major`, `project`) rather than as
+  the checkpoints store them: everywhere but on a CPU with AVX-512. At a decode step's few rows, XLA:CPU's matmuls
+  took 1.5-2.3x less time with the kernel output-major, as the streamed left operand, on 2 AVX2 cores (32 rows of
+  Gemma 3 270M's gate, down and q projections, 2026-11-28), and 15-35% more time than with the kernel as stored, the
+  right operand, on 2 AVX-512 cores (2026-11-29). Fixed for the process, so that `decoder.layer_params` and
+  `Transformer.unrolled` agree."""
+  return jax.default_backend() != "cpu" or not _cpu_has_avx512()
+
+
+def _cpu_has_avx512() -> bool:
+  """Whether this machine's CPU has AVX-512 (numpy's runtime detection; False where numpy does not say)."""
+  return bool(_CPU_FEATURES.get("AVX512F", False))
 
 
 def project(x: Array, kernel: Array, num_inputs: int, output_major: bool) -> Array:
