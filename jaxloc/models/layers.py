@@ -204,7 +204,7 @@ def _per_request(x: Array, y: Array, preferred_element_type: Any = None) -> Arra
   A decode step's products with each request's own cache have G * S rows. As 3-D products whose contracted axis is
   the cache's middle one (keys [Dh, C], values [C, Dh]), XLA:CPU reads the cache at about twice the rate of a 6-D
   einsum over keys [C, Dh] and values [Dh, C] (Gemma 3 270M's and SmolLM2's 32 rows of 384 entries, 2 AVX-512
-  cores); as 6-D einsums, the new layouts made XLA move every operand first."""
+  cores); as 6-D einsums over keys [Dh, C] and values [C, Dh], XLA moved every operand first."""
   m, r, k, g, s, a = x.shape
   assert y.shape[:4] == (m, r, k, a), (x.shape, y.shape)
   out = jnp.matmul(x.reshape(m * r * k, g * s, a), y.reshape(m * r * k, a, y.shape[-1]),
