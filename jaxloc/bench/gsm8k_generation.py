@@ -1,7 +1,9 @@
 """The GSM8K generation workload: the real 5-shot prompts of `jaxloc.tasks.gsm8k` under random head masks, greedy to
 the task's stop strings or the token cap, timed with the engine's generator, the previous generator
 (`jaxloc.bench.previous_generation`, on the same engine and budgets) and batched `transformers.generate`, against a
-roofline of the work itself.
+roofline of the work itself. After the warm-ups, timed rounds run each implementation once, the order reversed every
+other round (`run`'s `rounds`): a speed-up is the median of the rounds' own ratios, so a machine whose speed drifts
+over the minutes a slow baseline takes slows both sides of each ratio alike.
 
 Questions: the test split from `--data_dir` (`<data_dir>/gsm8k/test.jsonl`) when one is given, else the questions
 jaxloc ships (the five few-shot training questions and the dataset spec's example), cycled to the count. Every
@@ -30,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -201,17 +203,50 @@ def torch_generate(model, tokenizer, requests: Sequence[GenerationRequest], keep
           "counting": "transformers.generate with stop_strings; tokens up to the first EOS or stop string"}
 
 
-def _time_engine(generate, engine: Engine, requests, keep: np.ndarray) -> dict[str, Any]:
-  """A warm-up call on the very inputs (every compile and one full run), then the timed call."""
+def _engine_timer(generate, engine: Engine, requests, keep: np.ndarray) -> Callable[[], dict[str, Any]]:
+  """A timed call of `generate`, after a warm-up made here on the very inputs (every compile and one full run); each
+  timed call returns its seconds, tokens and texts, and the warm-up's seconds."""
   start = time.perf_counter()
   generate(requests, keep)
   first = time.perf_counter() - start
-  tokens = engine.stats.tokens
-  start = time.perf_counter()
-  texts = generate(requests, keep)
-  seconds = time.perf_counter() - start
-  return {"masks": len(keep), "seconds": seconds, "compile_and_first_seconds": first,
-          "tokens": engine.stats.tokens - tokens, "texts": texts}
+
+  def timed() -> dict[str, Any]:
+    tokens = engine.stats.tokens
+    start = time.perf_counter()
+    texts = generate(requests, keep)
+    return {"masks": len(keep), "seconds": time.perf_counter() - start, "tokens": engine.stats.tokens - tokens,
+            "texts": texts, "compile_and_first_seconds": first}
+
+  return timed
+
+
+def _rounds(timers: dict[str, Callable[[], dict[str, Any]]], rounds: int) -> list[dict[str, dict[str, Any]]]:
+  """Each implementation timed once per round, the order reversed every other round (A B C, C B A, ...): on a
+  machine whose speed drifts, a round's implementations ran close together, and a linear drift cancels over a pair."""
+  names = list(timers)
+  out = []
+  for index in range(rounds):
+    order = names if index % 2 == 0 else names[::-1]
+    timed = {name: timers[name]() for name in order}
+    out.append({name: timed[name] for name in names})
+    log.info("gsm8k round %d of %d: %s", index + 1, rounds,
+             ", ".join(f"{name} {timed[name]['seconds']:.1f}s" for name in order))
+  return out
+
+
+def _merged(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """One implementation over the rounds: the median seconds, each round's seconds, the last round's texts, and
+  whether every round emitted the same texts."""
+  out = dict(runs[-1])
+  out.update(seconds=float(np.median([r["seconds"] for r in runs])), seconds_per_round=[r["seconds"] for r in runs],
+             same_texts_every_round=all(r["texts"] == runs[-1]["texts"] for r in runs))
+  return out
+
+
+def _speedups(per_round: Sequence[dict[str, dict[str, Any]]], name: str) -> list[float]:
+  """jaxloc's speed-up over `name` per mask, in each round (the two timed in the same round)."""
+  return [(r[name]["seconds"] / r[name]["masks"]) / (r["jaxloc"]["seconds"] / r["jaxloc"]["masks"])
+          for r in per_round]
 
 
 def _figures(run: dict[str, Any], docs: int, floor: float) -> dict[str, Any]:
@@ -248,27 +283,32 @@ def _job_layout(engine: Engine, known: set, masks: int, docs: int, prefix: int, 
 
 def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray, *, peak_gflops: float,
         bandwidth_gbs: float, previous_masks: int = 0, torch_model=None, torch_masks: int = 0,
-        torch_result: dict[str, Any] | None = None, questions: str = "") -> dict[str, Any]:
+        torch_result: dict[str, Any] | None = None, questions: str = "", rounds: int = 1) -> dict[str, Any]:
   """The workload: `requests` (one stop set and cap) under every keep-mask of `keep` [M, L, H] with the engine's
   generator, the previous generator on the first `previous_masks` masks (0: all) and `transformers.generate` on the
   first `torch_masks` (0: all) with `torch_model`, or `torch_result` (`torch_generate`'s, run by the caller
   beforehand: the kit runs it before JAX holds the GPU; `"same_weights": False` in it when the PyTorch model's weights
-  are not the engine's, whose texts are then not compared); `questions` says where the questions came from. Returns
-  JSON-able figures (texts dropped)."""
+  are not the engine's, whose texts are then not compared); `questions` says where the questions came from.
+  After each engine generator's warm-up, `rounds` timed rounds run every implementation once (`_rounds`): seconds are
+  the rounds' median, a speed-up the median of the rounds' own ratios. Returns JSON-able figures (texts dropped)."""
   c, tok = engine.model_config, engine.tokenizer
   docs, masks = len(requests), len(keep)
   ids = tok([r.context for r in requests], add_special_tokens=requests[0].add_special_tokens)["input_ids"]
   prefix = shared_prefix_length(ids) if engine.config.share_prefix else 0
   suffixes = [len(i) - prefix for i in ids]
   known = set(engine.generator._layouts)
-  runs = {"jaxloc": _time_engine(engine.generate, engine, requests, keep)}
+  timers: dict[str, Callable[[], dict[str, Any]]] = {}
+  timers["jaxloc"] = _engine_timer(engine.generate, engine, requests, keep)
   rows_per_call, rows_per_slot, held, layout_source = _job_layout(engine, known, masks, docs, prefix, suffixes,
                                                                   requests[0].max_new_tokens)
   previous = keep[:previous_masks or masks]
-  runs["previous_generator"] = _time_engine(PreviousGenerator(engine.shared).generate, engine, requests, previous)
+  timers["previous_generator"] = _engine_timer(PreviousGenerator(engine.shared).generate, engine, requests, previous)
   if torch_result is None and torch_model is not None:
     eos = sorted({*c.eos_token_ids, *([tok.eos_token_id] if tok.eos_token_id is not None else [])})
-    torch_result = torch_generate(torch_model, tok, requests, keep[:torch_masks or masks], eos)
+    timers["transformers_generate"] = lambda: torch_generate(torch_model, tok, requests, keep[:torch_masks or masks],
+                                                             eos)
+  per_round = _rounds(timers, rounds)
+  runs = {name: _merged([r[name] for r in per_round]) for name in timers}
   if torch_result is not None:
     runs["transformers_generate"] = torch_result
   floor = roofline(c, masks=masks, suffixes=suffixes, prefix=prefix, emitted=runs["jaxloc"]["tokens"],
@@ -281,19 +321,24 @@ def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray,
       "suffix_tokens_mean": float(np.mean(suffixes)), "rows_per_call": rows_per_call,
       "rows_per_mask_slot": rows_per_slot, "layers_held": held, "layout_source": layout_source,
       "matmul_peak_gflops": peak_gflops,
-      "memory_bandwidth_gbs": bandwidth_gbs, "roofline": floor}
+      "memory_bandwidth_gbs": bandwidth_gbs, "roofline": floor, "rounds": rounds}
   for name, figures in runs.items():
     result[name] = _figures(figures, docs, floor["floor_seconds"])
   now = result["jaxloc"]
   result["previous_generator"]["texts_equal_jaxloc"] = _equal(runs["previous_generator"]["texts"],
                                                               runs["jaxloc"]["texts"])
-  result["speedup_vs_previous_generator"] = result["previous_generator"]["seconds_per_mask"] / now["seconds_per_mask"]
-  if "transformers_generate" in result:
-    if runs["transformers_generate"].get("same_weights", True):  # else its texts say nothing about jaxloc's
-      result["transformers_generate"]["texts_equal_jaxloc"] = _equal(runs["transformers_generate"]["texts"],
-                                                                     runs["jaxloc"]["texts"])
-    result["speedup_vs_transformers_generate"] = (result["transformers_generate"]["seconds_per_mask"]
-                                                  / now["seconds_per_mask"])
+  # Each speed-up is the median of the rounds' own ratios; a result run beforehand (the kit's) has no round.
+  for name in ("previous_generator", "transformers_generate"):
+    if name in timers:
+      ratios = _speedups(per_round, name)
+      result[f"speedup_vs_{name}"] = float(np.median(ratios))
+      result[f"speedup_vs_{name}_per_round"] = ratios
+    elif name in result:
+      result[f"speedup_vs_{name}"] = result[name]["seconds_per_mask"] / now["seconds_per_mask"]
+  if "transformers_generate" in result and runs["transformers_generate"].get("same_weights", True):
+    # (texts of another model's weights say nothing about jaxloc's)
+    result["transformers_generate"]["texts_equal_jaxloc"] = _equal(runs["transformers_generate"]["texts"],
+                                                                   runs["jaxloc"]["texts"])
   return result
 
 
@@ -305,7 +350,7 @@ def workload(engine: Engine, cfg, torch_model, peak_gflops: float) -> dict[str, 
   bandwidth = memory_bandwidth()
   result = run(engine, gsm8k_requests(docs, cfg.gsm8k_new_tokens), keep, peak_gflops=peak_gflops,
                bandwidth_gbs=bandwidth["best"], previous_masks=cfg.gsm8k_previous_masks, torch_model=torch_model,
-               torch_masks=cfg.gsm8k_torch_masks, questions=source)
+               torch_masks=cfg.gsm8k_torch_masks, questions=source, rounds=cfg.gsm8k_rounds)
   result["memory_bandwidth"] = bandwidth
   log.info("gsm8k workload: %s", {k: v for k, v in result.items() if not isinstance(v, dict)})
   return result
@@ -337,6 +382,12 @@ def format_lines(w: dict[str, Any]) -> list[str]:
     lines.append(f"{name:22s} {r['masks']:5d} {r['seconds_per_mask']:9.2f} {r['tokens']:7d} "
                  f"{r['tokens_per_second']:8.1f} {100 * r['roofline_fraction']:8.1f}% {speedup:14.2f}x "
                  f"{equal:>14s} {first:>13s}")
+  per_round = [(name, w.get(f"speedup_vs_{name}_per_round")) for name in ("previous_generator", "transformers_generate")]
+  if any(ratios for _, ratios in per_round):
+    lines.append(f"{w.get('rounds', 1)} timed rounds, each implementation once a round, the order reversed every other "
+                 "round; jaxloc's speed-up per round: "
+                 + "; ".join(f"{name} " + ", ".join(f"{x:.2f}x" for x in ratios) for name, ratios in per_round if ratios)
+                 + " (the table: their median)")
   f = w["roofline"]
   lines.append(f"roofline per mask: {f['flops'] / 1e9:.0f} GFLOP at {w['matmul_peak_gflops']:.0f} GFLOP/s = "
                f"{f['compute_seconds']:.2f}s, {f['bytes'] / 1e9:.2f} GB (weights {f['weight_bytes'] / 1e9:.2f}, "

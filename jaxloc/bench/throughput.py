@@ -287,6 +287,10 @@ class ThroughputConfig:
   gsm8k_new_tokens: int = setting(256, "Token cap of the gsm8k workload (the task's is 256).", lower=1)
   gsm8k_previous_masks: int = setting(0, "Masks the previous generator runs in the gsm8k workload (0: all).", lower=0)
   gsm8k_torch_masks: int = setting(0, "Masks transformers.generate runs in the gsm8k workload (0: all).", lower=0)
+  gsm8k_rounds: int = setting(2, "Timed rounds of the gsm8k workload: each runs every implementation once, the order "
+                                 "reversed every other round, and a speed-up is the median of the rounds' own "
+                                 "ratios (a machine whose speed drifts then slows both sides of a ratio alike).",
+                               lower=1)
   data_dir: str = setting("", "A data directory holding gsm8k/test.jsonl for the gsm8k workload's questions; empty: "
                               "the few questions jaxloc ships, cycled.")
   only_workloads: bool = setting(False, "Run only the workloads (default, one-shot greedy, generation, gsm8k).")

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from jaxloc.bench import throughput
@@ -53,12 +54,17 @@ def test_the_gsm8k_workload_times_each_generator_on_the_same_texts(tiny_model):
   bandwidth = gsm8k_generation.memory_bandwidth(8 * 2**20, repeats=3)
   peak = max(matmul_peak(((256, 256, 256),), repeats=3).values())
   result = gsm8k_generation.run(engine, requests, keep, peak_gflops=peak, bandwidth_gbs=bandwidth["best"],
-                                torch_model=torch_model, questions=source)
+                                torch_model=torch_model, questions=source, rounds=2)
   names = ("jaxloc", "previous_generator") + (("transformers_generate",) if torch_model is not None else ())
   for name in names:
     r = result[name]
     assert r["masks"] == 2 and 0 < r["tokens"] <= 2 * 3 * 6, (name, r)
     assert r["seconds_per_mask"] > 0 and r["tokens_per_second"] > 0 and r["roofline_fraction"] > 0
+    assert len(r["seconds_per_round"]) == 2 and r["seconds"] == np.median(r["seconds_per_round"])
+    assert r["same_texts_every_round"], name
+  for name in names[1:]:
+    ratios = result[f"speedup_vs_{name}_per_round"]
+    assert len(ratios) == 2 and result[f"speedup_vs_{name}"] == np.median(ratios)
   assert result["previous_generator"]["texts_equal_jaxloc"] == {"equal": 6, "compared": 6}
   assert result["previous_generator"]["tokens"] == result["jaxloc"]["tokens"]
   assert result["speedup_vs_previous_generator"] > 0
@@ -71,6 +77,29 @@ def test_the_gsm8k_workload_times_each_generator_on_the_same_texts(tiny_model):
   table = "\n".join(throughput.format_workloads({"gsm8k": result}))
   assert "previous_generator" in table and "projection, 400 masks x 100 documents" in table
   assert "layers laid out once, held by the job" in table
+  assert "2 timed rounds" in table and "jaxloc's speed-up per round: previous_generator" in table
+
+
+def test_gsm8k_rounds_reverse_their_order_and_take_medians():
+  """The rounds time every implementation once each, the order reversed every other round (a linear drift of the
+  machine cancels over a pair), and the speed-ups are the median of each round's own ratio."""
+  from jaxloc.bench import gsm8k_generation
+
+  calls, seconds = [], {"jaxloc": [1.0, 2.0, 1.5], "previous_generator": [3.0, 5.0, 4.8], "other": [9.0, 9.0, 9.0]}
+
+  def timer(name):
+    def timed():
+      calls.append(name)
+      return {"masks": 2, "seconds": seconds[name][sum(c == name for c in calls) - 1], "texts": [["a"]]}
+    return timed
+
+  per_round = gsm8k_generation._rounds({name: timer(name) for name in seconds}, 3)
+  assert calls == ["jaxloc", "previous_generator", "other", "other", "previous_generator", "jaxloc",
+                   "jaxloc", "previous_generator", "other"]
+  assert gsm8k_generation._speedups(per_round, "previous_generator") == pytest.approx([3.0, 2.5, 3.2])
+  merged = gsm8k_generation._merged([r["previous_generator"] for r in per_round])
+  assert merged["seconds"] == 4.8 and merged["seconds_per_round"] == [3.0, 5.0, 4.8]
+  assert merged["same_texts_every_round"]
 
 
 def test_gsm8k_questions_come_from_the_data_dir_else_from_what_jaxloc_ships(tmp_path):

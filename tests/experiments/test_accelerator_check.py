@@ -42,7 +42,9 @@ def test_the_kit_runs_every_step_on_cpu_without_the_optional_dependencies(tmp_pa
       assert parity["float32"]["max_abs_diff"] < 1e-4
     assert parity["bfloat16"]["max_abs_diff_over_logit_std"] < 0.1 and parity["bfloat16_top1_agreement"] > 0.9
   tiny = steps["throughput"]["tiny"]
-  assert tiny["masks_per_second"] > 0 and tiny["generation_tokens_per_s"] > 0 and 0 < tiny["compilations"] <= 6
+  # One shape each: scoring's prefix, score and residual calls; generation's mask loading, row inserts, the layers
+  # laid out once for the job, and the decode chunk.
+  assert tiny["masks_per_second"] > 0 and tiny["generation_tokens_per_s"] > 0 and 0 < tiny["compilations"] <= 7
   assert 1.0 <= steps["memory"]["tiny"]["ratio"] < 1.5  # the planner never under XLA's own accounting
   rehearsal = steps["rehearsal"]["float32"]
   assert rehearsal["engine"]["compilations"] <= 10 and rehearsal["peak_host_gib"] > 0
