@@ -279,16 +279,24 @@ def combine_reports(paths: Sequence[str]) -> dict[str, Any]:
   """The tasks of several saved efficiency.json files as one report (each keeps its own config). Reports of one
   problem (`SAME_PROBLEM` and the same top-k: e.g. one run per method, or per seed, on the same documents and cache)
   whose runs (method, budget, seed) do not overlap become one task: their records together, summarized again over
-  every seed of a method and budget (`sweep.summarize`), in one table. Others stay apart."""
+  every seed of a method and budget (`sweep.summarize`), in one table. Others stay apart. A combined report is
+  itself an input: its sources (the runs it was made of) are kept, and their common top-k is its own."""
   tasks: list[tuple[dict[str, Any], int | None]] = []  # each with its report's top-k
   configs = []
   for path in paths:
     try:
       with open(path) as f:
         report = json.load(f)
+      if report.get("mode") == "combined":
+        sources = report["sources"]
+        top_ks = {(source.get("config") or {}).get("top_k") for source in sources}
+        k = top_ks.pop() if len(top_ks) == 1 else None
+      else:
+        sources = [{"path": path, "mode": report.get("mode"), "config": report.get("config")}]
+        k = (report.get("config") or {}).get("top_k")
       for task in report["tasks"]:
-        _add_task(tasks, task, (report.get("config") or {}).get("top_k"))
-      configs.append({"path": path, "mode": report.get("mode"), "config": report.get("config")})
+        _add_task(tasks, task, k)
+      configs.extend(sources)
     except (OSError, ValueError, KeyError) as e:
       raise UserError(f"cannot read an efficiency report from {path}: {e}") from None
   return {"mode": "combined", "sources": configs, "tasks": [task for task, _ in tasks]}

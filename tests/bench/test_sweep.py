@@ -240,6 +240,15 @@ def test_saved_reports_render_together(tmp_path):
   assert row["seeds"] == 2 and sorted(r["seed"] for r in task["records"]) == [0, 1]
   recalls = [r["recall"][task["headline_metric"]] for r in task["records"]]
   assert row["recall_mean"] == pytest.approx(np.mean(recalls))
+  # A combined report merges with a later run of the same problem: the runs it was made of stay its sources.
+  report.write_outputs(merged, str(tmp_path / "ad"), k=5)
+  seed2 = sweep.run(dataclasses.replace(cfg, seeds=[2]), synthetic=True)
+  report.write_outputs(seed2, str(tmp_path / "e"), k=5)
+  again = report.combine_reports([str(tmp_path / "ad" / "efficiency.json"), str(tmp_path / "e" / "efficiency.json")])
+  (task,) = again["tasks"]
+  assert sorted(r["seed"] for r in task["records"]) == [0, 1, 2] and task["summary"][0]["seeds"] == 3
+  assert [s["path"] for s in again["sources"]] == [paths[0], str(tmp_path / "d" / "efficiency.json"),
+                                                   str(tmp_path / "e" / "efficiency.json")]
 
 
 def test_two_stage_confirms_its_candidates_by_single_head_ablation():
