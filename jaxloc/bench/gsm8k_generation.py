@@ -283,14 +283,17 @@ def _job_layout(engine: Engine, known: set, masks: int, docs: int, prefix: int, 
 
 def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray, *, peak_gflops: float,
         bandwidth_gbs: float, previous_masks: int = 0, torch_model=None, torch_masks: int = 0,
-        torch_result: dict[str, Any] | None = None, questions: str = "", rounds: int = 1) -> dict[str, Any]:
+        torch_result: dict[str, Any] | None = None, questions: str = "", rounds: int) -> dict[str, Any]:
   """The workload: `requests` (one stop set and cap) under every keep-mask of `keep` [M, L, H] with the engine's
   generator, the previous generator on the first `previous_masks` masks (0: all) and `transformers.generate` on the
   first `torch_masks` (0: all) with `torch_model`, or `torch_result` (`torch_generate`'s, run by the caller
   beforehand: the kit runs it before JAX holds the GPU; `"same_weights": False` in it when the PyTorch model's weights
   are not the engine's, whose texts are then not compared); `questions` says where the questions came from.
-  After each engine generator's warm-up, `rounds` timed rounds run every implementation once (`_rounds`): seconds are
-  the rounds' median, a speed-up the median of the rounds' own ratios. Returns JSON-able figures (texts dropped)."""
+  After each engine generator's warm-up, `rounds` (at least 1) timed rounds run every implementation but a
+  `torch_result` once (`_rounds`): seconds are the rounds' median, a speed-up the median of the rounds' own ratios.
+  Returns JSON-able figures (texts dropped)."""
+  if rounds < 1:
+    raise ValueError(f"rounds must be at least 1, not {rounds}")
   c, tok = engine.model_config, engine.tokenizer
   docs, masks = len(requests), len(keep)
   ids = tok([r.context for r in requests], add_special_tokens=requests[0].add_special_tokens)["input_ids"]
@@ -382,12 +385,17 @@ def format_lines(w: dict[str, Any]) -> list[str]:
     lines.append(f"{name:22s} {r['masks']:5d} {r['seconds_per_mask']:9.2f} {r['tokens']:7d} "
                  f"{r['tokens_per_second']:8.1f} {100 * r['roofline_fraction']:8.1f}% {speedup:14.2f}x "
                  f"{equal:>14s} {first:>13s}")
-  per_round = [(name, w.get(f"speedup_vs_{name}_per_round")) for name in ("previous_generator", "transformers_generate")]
-  if any(ratios for _, ratios in per_round):
-    lines.append(f"{w.get('rounds', 1)} timed rounds, each implementation once a round, the order reversed every other "
-                 "round; jaxloc's speed-up per round: "
-                 + "; ".join(f"{name} " + ", ".join(f"{x:.2f}x" for x in ratios) for name, ratios in per_round if ratios)
+  per_round = {name: w[f"speedup_vs_{name}_per_round"] for name in ("previous_generator", "transformers_generate")
+               if f"speedup_vs_{name}_per_round" in w}
+  if w.get("rounds", 1) > 1:
+    lines.append(f"{w['rounds']} timed rounds, each running jaxloc, {' and '.join(per_round)} once, the order "
+                 "reversed every other round; jaxloc's speed-up per round: "
+                 + "; ".join(f"{name} " + ", ".join(f"{x:.2f}x" for x in ratios) for name, ratios in per_round.items())
                  + " (the table: their median)")
+  changed = [name for name in ("jaxloc", "previous_generator", "transformers_generate")
+             if w.get(name, {}).get("same_texts_every_round") is False]
+  if changed:
+    lines.append(f"TEXTS DIFFERED BETWEEN ROUNDS: {', '.join(changed)} (texts and tokens above are the last round's)")
   f = w["roofline"]
   lines.append(f"roofline per mask: {f['flops'] / 1e9:.0f} GFLOP at {w['matmul_peak_gflops']:.0f} GFLOP/s = "
                f"{f['compute_seconds']:.2f}s, {f['bytes'] / 1e9:.2f} GB (weights {f['weight_bytes'] / 1e9:.2f}, "

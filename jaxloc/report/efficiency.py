@@ -275,28 +275,34 @@ def write_outputs(report: dict[str, Any], output_dir: str, k: int) -> str:
 SAME_PROBLEM = ("task", "model", "num_docs", "num_layers", "num_heads", "headline_metric", "baseline", "held_out")
 
 
+def report_top_k(report: dict[str, Any]) -> int:
+  """The k an efficiency report was scored at: its config's, or its sources' for a combined report (UserError where
+  they differ), else the benchmark's default."""
+  ks = {c["top_k"] for c in [report.get("config")] + [s.get("config") for s in report.get("sources", [])]
+        if c and "top_k" in c}
+  if len(ks) > 1:
+    raise UserError(f"an efficiency report combines runs scored at different top_k: {sorted(ks)}")
+  return ks.pop() if ks else sweep.EfficiencyConfig().top_k
+
+
 def combine_reports(paths: Sequence[str]) -> dict[str, Any]:
   """The tasks of several saved efficiency.json files as one report (each keeps its own config). Reports of one
   problem (`SAME_PROBLEM` and the same top-k: e.g. one run per method, or per seed, on the same documents and cache)
   whose runs (method, budget, seed) do not overlap become one task: their records together, summarized again over
   every seed of a method and budget (`sweep.summarize`), in one table. Others stay apart. A combined report is
   itself an input: its sources (the runs it was made of) are kept, and their common top-k is its own."""
-  tasks: list[tuple[dict[str, Any], int | None]] = []  # each with its report's top-k
+  tasks: list[tuple[dict[str, Any], int]] = []  # each with its report's top-k
   configs = []
   for path in paths:
     try:
       with open(path) as f:
         report = json.load(f)
-      if report.get("mode") == "combined":
-        sources = report["sources"]
-        top_ks = {(source.get("config") or {}).get("top_k") for source in sources}
-        k = top_ks.pop() if len(top_ks) == 1 else None
-      else:
-        sources = [{"path": path, "mode": report.get("mode"), "config": report.get("config")}]
-        k = (report.get("config") or {}).get("top_k")
+      combined = report.get("mode") == "combined"
+      k = report_top_k(report)
       for task in report["tasks"]:
         _add_task(tasks, task, k)
-      configs.extend(sources)
+      configs.extend(report["sources"] if combined else
+                     [{"path": path, "mode": report.get("mode"), "config": report.get("config")}])
     except (OSError, ValueError, KeyError) as e:
       raise UserError(f"cannot read an efficiency report from {path}: {e}") from None
   return {"mode": "combined", "sources": configs, "tasks": [task for task, _ in tasks]}
@@ -306,9 +312,9 @@ def _runs(task: dict[str, Any]) -> set[tuple[Any, ...]]:
   return {(r["method"], r["budget_fraction"], r["seed"]) for r in task["records"]}
 
 
-def _add_task(tasks: list[tuple[dict[str, Any], int | None]], task: dict[str, Any], k: int | None) -> None:
+def _add_task(tasks: list[tuple[dict[str, Any], int]], task: dict[str, Any], k: int) -> None:
   for other, other_k in tasks:
-    if (k is not None and other_k == k and all(other.get(key) == task.get(key) for key in SAME_PROBLEM)
+    if (other_k == k and all(other.get(key) == task.get(key) for key in SAME_PROBLEM)
         and not _runs(other) & _runs(task)):
       other["records"] = other["records"] + task["records"]
       other["summary"] = sweep.summarize(other["records"], other["headline_metric"], k)

@@ -24,7 +24,6 @@ import os
 from typing import Any, Callable
 
 from jaxloc import files
-from jaxloc.bench.sweep import EfficiencyConfig
 from jaxloc.errors import UserError
 from jaxloc.units import run_file
 from jaxloc.report import cross_task, efficiency, heads_vs_neurons, plots
@@ -54,21 +53,12 @@ def _run(directory: str, names: set[str]) -> list[tuple[str, Draw]]:
   return out
 
 
-def _top_k(report: dict[str, Any]) -> int:
-  """The k an efficiency report was scored at: its config's, or its sources' for a combined report."""
-  ks = {c["top_k"] for c in [report.get("config")] + [s.get("config") for s in report.get("sources", [])]
-        if c and "top_k" in c}
-  if len(ks) > 1:
-    raise UserError(f"an efficiency report combines runs scored at different top_k: {sorted(ks)}")
-  return ks.pop() if ks else EfficiencyConfig().top_k
-
-
 def _benchmarks(directory: str, names: set[str]) -> list[tuple[str, Draw]]:
   """The pictures of the comparison commands' JSON."""
   out: list[tuple[str, Draw]] = []
   if "efficiency.json" in names:
     report = files.read_json(os.path.join(directory, "efficiency.json"))
-    k = _top_k(report)
+    k = efficiency.report_top_k(report)
     out.append(("efficiency.png", lambda path: efficiency.plot(report, path, k)))
     if any(t.get("noise_floor") for t in report["tasks"]):
       out.append(("efficiency_diagnostics.png", lambda path: efficiency.plot_diagnostics(report, path, k)))
