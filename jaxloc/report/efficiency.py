@@ -9,6 +9,7 @@ Axes of a report: `tasks`, then per task `summary` rows (method, budget fraction
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Callable, Sequence
 
@@ -312,9 +313,21 @@ def _runs(task: dict[str, Any]) -> set[tuple[Any, ...]]:
   return {(r["method"], r["budget_fraction"], r["seed"]) for r in task["records"]}
 
 
+def _same(a: Any, b: Any) -> bool:
+  """Equal, floats within 1e-5 (relative) of each other: the same documents scored on another CPU differ in the last
+  digits of a baseline's log-probability."""
+  if isinstance(a, dict) and isinstance(b, dict):
+    return a.keys() == b.keys() and all(_same(a[key], b[key]) for key in a)
+  if isinstance(a, list) and isinstance(b, list):
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+  if isinstance(a, float) or isinstance(b, float):
+    return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-5)
+  return a == b
+
+
 def _add_task(tasks: list[tuple[dict[str, Any], int]], task: dict[str, Any], k: int) -> None:
   for other, other_k in tasks:
-    if (other_k == k and all(other.get(key) == task.get(key) for key in SAME_PROBLEM)
+    if (other_k == k and all(_same(other.get(key), task.get(key)) for key in SAME_PROBLEM)
         and not _runs(other) & _runs(task)):
       other["records"] = other["records"] + task["records"]
       other["summary"] = sweep.summarize(other["records"], other["headline_metric"], k)

@@ -249,6 +249,23 @@ def test_saved_reports_render_together(tmp_path):
   assert sorted(r["seed"] for r in task["records"]) == [0, 1, 2] and task["summary"][0]["seeds"] == 3
   assert [s["path"] for s in again["sources"]] == [paths[0], str(tmp_path / "d" / "efficiency.json"),
                                                    str(tmp_path / "e" / "efficiency.json")]
+  # The same problem scored on another CPU: a baseline that differs in its last digits still merges; a real difference
+  # (another baseline) keeps the tasks apart.
+  def with_baseline(source, name, scale, seed=None):
+    saved = json.loads(source.read_text())
+    saved["tasks"][0]["baseline"] = {"accuracy": 0.87 * scale, "logprob": -0.8283424758911133 * scale}
+    for record in saved["tasks"][0]["records"] if seed is not None else []:
+      record["seed"] = seed
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "efficiency.json").write_text(json.dumps(saved))
+    return str(tmp_path / name / "efficiency.json")
+
+  here = with_baseline(tmp_path / "ad" / "efficiency.json", "ad_b", 1.0)
+  close = with_baseline(tmp_path / "e" / "efficiency.json", "f", 1 + 1e-7, seed=3)
+  other = with_baseline(tmp_path / "e" / "efficiency.json", "g", 1.5, seed=3)
+  assert len(report.combine_reports([here, close])["tasks"]) == 1
+  apart = report.combine_reports([here, other])
+  assert len(apart["tasks"]) == 2
 
 
 def test_two_stage_confirms_its_candidates_by_single_head_ablation():
