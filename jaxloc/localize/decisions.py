@@ -186,6 +186,18 @@ def describe_power(task: str, facts: dict[str, Any]) -> str:
   return line
 
 
+def vetoing_drops(confirmation: dict[str, Any], name: str, *, together: bool) -> dict[str, float] | None:
+  """task -> drop of the general tasks whose verdict turned `name` away, alone or (`together`) with the units kept
+  before it, from a run's recorded decisions (heads.json -> confirmation -> decisions); None where the run recorded
+  no such decision (runs from before decisions were recorded). A task unable to veto is never among them."""
+  for decision in confirmation.get("decisions") or []:
+    units = decision.get("units") or []
+    if (not decision.get("passed", True) and bool(decision.get("together")) == together and units
+        and units[-1] == name):
+      return {task: facts["drop"] for task, facts in decision["tasks"].items() if facts.get("verdict") == "veto"}
+  return None
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Decisions
 

@@ -106,15 +106,19 @@ def reasons(info: dict[str, Any]) -> dict[str, list[str]]:
   why: dict[str, list[str]] = {}
   confirmation = info.get("confirmation") or {}
   for name, drops in (confirmation.get("rejected") or {}).items():
-    over = {t: d for t, d in drops.items() if t in general and d is not None and (bound is None or d > bound)}
+    over = decisions.vetoing_drops(confirmation, name, together=False)
+    if not over:  # a run that recorded no decisions: every general drop over the bound
+      over = {t: d for t, d in drops.items() if t in general and d is not None and (bound is None or d > bound)}
     broken = ", ".join(f"{t} {_percent(d)}" for t, d in sorted(over.items(), key=lambda x: -x[1]))
     why.setdefault(name, []).append(
         f"rejected: ablated alone on the identification documents it drops {broken or 'a general task'}"
         + (f" (more than the {_percent(bound)} allowed)" if bound is not None else ""))
   for name, record in (confirmation.get("rejected_together") or {}).items():
     others = record.get("with") or []
-    over = {t: d for t, d in record.items() if t in general and isinstance(d, (int, float))
-            and (bound is None or d > bound)}
+    over = decisions.vetoing_drops(confirmation, name, together=True)
+    if not over:
+      over = {t: d for t, d in record.items() if t in general and isinstance(d, (int, float))
+              and (bound is None or d > bound)}
     broken = ", ".join(f"{t} {_percent(d)}" for t, d in sorted(over.items(), key=lambda x: -x[1]))
     why.setdefault(name, []).append(
         f"turned away: passes alone, but ablated together with {'+'.join(others)} it drops "

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from jaxloc.units import singular
-from jaxloc.localize.decisions import describe_power
+from jaxloc.localize import decisions
 from jaxloc.tasks.names import task_label
 
 
@@ -32,6 +32,14 @@ MAX_ROWS = 20
 MAX_REJECTED = 5
 
 
+def _deciding(c: dict[str, Any], name: str, general: list[tuple[str, float]], *, together: bool) -> tuple[str, float]:
+  """(task, drop) naming why `name` was turned away: the largest drop among the tasks whose verdict vetoed it (a task
+  unable to veto never names it), else, for runs that recorded no decisions, the largest general drop."""
+  vetoes = decisions.vetoing_drops(c, name, together=together)
+  candidates = list(vetoes.items()) if vetoes else general
+  return max(candidates, key=lambda item: -math.inf if math.isnan(item[1]) else item[1])
+
+
 def _confirmation(c: dict[str, Any], evaluations: int, unit: str) -> str:
   """What confirming the selection cost and what it turned down."""
   together = f", the first {c['together']} together ({c['masks_together']} masks)" if c.get("together") else ""
@@ -44,7 +52,7 @@ def _confirmation(c: dict[str, Any], evaluations: int, unit: str) -> str:
   if rejected:
     named = []
     for name, drops in list(rejected.items())[:MAX_REJECTED]:
-      task, worst = max(list(drops.items())[1:], key=lambda item: -math.inf if math.isnan(item[1]) else item[1])
+      task, worst = _deciding(c, name, list(drops.items())[1:], together=False)
       named.append(f"{name} ({task} {_percent(worst).strip()})")
     more = f", {len(rejected) - MAX_REJECTED} more" if len(rejected) > MAX_REJECTED else ""
     line += f"; rejected {len(rejected)}: " + ", ".join(named) + more
@@ -52,8 +60,7 @@ def _confirmation(c: dict[str, Any], evaluations: int, unit: str) -> str:
   if turned:
     named = []
     for name, drops in list(turned.items())[:MAX_REJECTED]:
-      task, worst = max([(t, d) for t, d in drops.items() if t != "with"][1:],
-                        key=lambda item: -math.inf if math.isnan(item[1]) else item[1])
+      task, worst = _deciding(c, name, [(t, d) for t, d in drops.items() if t != "with"][1:], together=True)
       named.append(f"{name} ({task} {_percent(worst).strip()} with {len(drops['with'])} selected)")
     more = f", {len(turned) - MAX_REJECTED} more" if len(turned) > MAX_REJECTED else ""
     line += f"; turned away together {len(turned)}: " + ", ".join(named) + more
@@ -106,8 +113,8 @@ def summary_table(heads: dict[str, Any], ablation: dict[str, Any] | None) -> str
   if general:
     lines.append("general tasks scored under the same masks: " + ", ".join(
         f"{name} ({g['metric']} {g['baseline']:.3f})" for name, g in general.items()))
-    lines.extend(f"power to veto: {describe_power(task_label(name), g['power'])}" for name, g in general.items()
-                 if g.get("power"))
+    lines.extend(f"power to veto: {decisions.describe_power(task_label(name), g['power'])}"
+                 for name, g in general.items() if g.get("power"))
   engine = heads.get("engine") or {}
   if engine.get("compilations") is not None and engine.get("seconds_per_mask"):
     lines.append(f"engine: {engine['seconds_per_mask']:.3f}s per mask (all tasks), {engine['compilations']} "

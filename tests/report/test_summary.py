@@ -53,6 +53,41 @@ def test_the_confirmation_names_heads_turned_away_together():
   assert "turned away together 1: L3H1 (counting 18% with 2 selected)" in line
 
 
+def test_a_head_is_said_to_be_turned_away_by_the_task_that_vetoed_it():
+  """With decisions recorded, the reason is the vetoing task's drop, not a larger one on a task unable to veto (Gemma's
+  arithmetic at 19%: 37% on 19 sums, no evidence either way); the report page says the same."""
+  from jaxloc.report.page import reasons
+
+  def decision(units, together, arithmetic, counting, counting_verdict):
+    return {"units": units, "together": together, "passed": counting_verdict != "veto", "confidence": 0.9, "tasks": {
+        "plurals": {"drop": 0.6, "interval": [0.5, 0.7], "docs": 100},
+        "counting": {"drop": counting, "interval": [counting - 0.05, counting + 0.05], "docs": 100,
+                     "verdict": counting_verdict, "straddles": False},
+        "arithmetic": {"drop": arithmetic, "interval": [0.0, 0.7], "docs": 100, "verdict": "unable",
+                       "straddles": True}}}
+
+  heads = _heads("plurals")
+  heads.update(flags={"specific_max_general_drop": 0.1}, general_tasks={
+      "counting": {"metric": "accuracy", "baseline": 1.0, "num_docs": 100},
+      "arithmetic": {"metric": "accuracy", "baseline": 0.19, "num_docs": 100}})
+  heads["confirmation"] = {
+      "masks": 3, "together": 5, "masks_together": 2, "reused_measurements": 0, "confirmed": 3, "estimated": 0,
+      "rejected": {"L7H1": {"plurals": 0.4, "counting": 0.2, "arithmetic": 0.42}},
+      "rejected_together": {"L8H1": {"with": ["L1H2"], "plurals": 0.9, "counting": 0.12, "arithmetic": 0.37}},
+      "decisions": [decision(["L7H1"], False, 0.42, 0.2, "veto"), decision(["L1H2"], False, 0.05, 0.0, "pass"),
+                    decision(["L1H2", "L8H1"], True, 0.37, 0.12, "veto")]}
+  line = next(x for x in summary_table(heads, None).splitlines() if x.startswith("confirmation:"))
+  assert "rejected 1: L7H1 (counting 20%)" in line and "turned away together 1: L8H1 (counting 12% with 1 selected)" in line
+  why = reasons(heads)
+  assert why["L7H1"] == ["rejected: ablated alone on the identification documents it drops counting 20% (more than the "
+                         "10% allowed)"]
+  assert why["L8H1"] == ["turned away: passes alone, but ablated together with L1H2 it drops counting 12% beyond the "
+                         "bound"]
+  del heads["confirmation"]["decisions"]  # a run from before decisions were recorded: the largest general drop
+  line = next(x for x in summary_table(heads, None).splitlines() if x.startswith("confirmation:"))
+  assert "L7H1 (arithmetic 42%)" in line and "L8H1 (arithmetic 37% with 1 selected)" in line
+
+
 def test_power_and_each_decision_with_its_interval_and_documents_are_shown():
   heads = _heads("plurals")
   power = {"test": "one-sided exact binomial", "alpha": 0.05, "power": 0.8, "baseline": 0.81, "docs": 100,
