@@ -18,11 +18,14 @@ that cannot detect the bound unable to veto on noise (`decisions`: the rule, --s
 alone can still add up on a general task, so the reported heads (the first --top_k) are also confirmed together: a
 candidate joins them only when the selection so far with it, ablated as one mask, passes the same rule (a batch
 measures the selection grown by each following candidate, as if each joined; a candidate turned away costs one more
-batch). Candidates are taken in the target's ranking order (universal and excluded heads left out) and confirmed in
-small batches until enough pass: max(--curve_k, --top_k) heads, so that the whole specificity curve is measured (a
+batch). Candidates are taken in the target's ranking order (universal and excluded heads left out) and measured
+alone in small batches until enough pass: max(--curve_k, --top_k) heads, so that the whole specificity curve is measured (a
 neuron selection of hundreds is confirmed at its head, its first --curve_k, and continues with the estimated
 selection). A head the method already measured alone on those documents (one-shot greedy, the confirmation methods)
-costs nothing more.
+costs nothing more. The first --top_k that pass alone are confirmed together in the order of their
+measured target drop alone, not the ranking's: a head ranked first that does little for the target would otherwise
+spend the general tasks' margin and turn a stronger head away (a Lasso ranking's order is an estimate; the drop alone
+is measured). Candidates that replace heads turned away follow in ranking order.
 
 Aliased heads (identical columns of a random design, `aliasing`) share one Lasso coefficient, so the ranking
 cannot say which of them matters: when a candidate has twins, every member of its group is measured alone and
@@ -146,7 +149,8 @@ def confirm(order: Sequence[int], count: int, judge: decisions.Judge, known: dic
             groups: Callable[[int], list[int]], directory: str | None, together: int = 0,
             stamp: str | None = None, unstamped: bool = True) -> tuple[list[int], Confirmation]:
   """The first `count` heads of `order` (already without excluded and universal heads) that pass when measured
-  alone, the first `together` of them also when ablated together (module docstring); `judge` measures and decides
+  alone, the first `together` of them also when ablated together, taken in the order of their target drop alone
+  (module docstring); `judge` measures and decides
   (`decisions`). `known`: what the method already measured alone (reused): head -> relative drops per task, or
   per-document values (`measured_alone`); `groups(h)`: h's aliased group ([h] when none). `stamp`: the digest of the
   settings the measurements are made with, saved with them; a saved file with another is refused, one with none only
@@ -224,13 +228,12 @@ def confirm(order: Sequence[int], count: int, judge: decisions.Judge, known: dic
   def joins(m: int, upcoming: list[int]) -> bool:
     """Whether m, which passed alone, joins the selection: past its first `together` heads always, else when the
     selection with m passes ablated together. One batch measures the selection grown by m and by each following
-    candidate (`upcoming`) that passed alone, as if each joined."""
+    candidate (`upcoming`, each passed alone), as if each joined."""
     if not selected or len(selected) >= together:
       return True
     key = (*selected, m)
     if key not in decided:
-      ahead = [m] + [h for h in upcoming if (h,) in decided and judge.passes(decided[(h,)])]
-      ahead = list(dict.fromkeys(ahead))[:min(together, count) - len(selected)]
+      ahead = list(dict.fromkeys([m, *upcoming]))[:min(together, count) - len(selected)]
       measure([(*selected, *ahead[:i + 1]) for i in range(len(ahead))])
     measure([key])  # settled (the batch above settles what it measures)
     if passes(key):
@@ -243,33 +246,52 @@ def confirm(order: Sequence[int], count: int, judge: decisions.Judge, known: dic
     if len(selected) == together:  # past the heads confirmed together: those turned away pass on the single rule
       selected.extend(list(rejected_together)[:count - len(selected)])
 
+  passing: list[int] = []  # candidates that passed alone, in the order's sequence (aliased groups resolved)
   position = 0
-  while len(selected) < count and position < len(order):
-    # One batch: as many candidates as the heads still missing need at the share that passed so far (all, before
-    # the first batch), plus one spare.
-    share = (len(selected) + 1) / (len(selected) + len(rejected) + len(rejected_together) + 1)
-    window = [int(h) for h in order[position:position + int(np.ceil((count - len(selected)) / share)) + 1]]
-    measure([(m,) for h in window if h not in seen for m in groups(h) if m not in seen])
-    for i, h in enumerate(window):
-      position += 1
-      if h in seen:
-        continue
-      group = candidates(h)
-      if len(groups(h)) > 1 and len([m for m in groups(h) if m not in seen]) > 1:
-        regrouped.append(sorted([m for m in groups(h) if m not in seen], key=lambda m: -target_drop(m)))
-      seen.update(m for m in groups(h))
-      # What follows m, for a speculative batch: the rest of its group, then the window's next candidates.
-      following = [u for later in window[i + 1:] if later not in seen for u in candidates(later)]
-      for j, m in enumerate(group):
-        if len(selected) >= count:
+
+  def advance(needed: int) -> None:
+    """Walks on down the order, measuring candidates alone in batches, until `needed` more pass alone (or the order
+    ends). A batch: as many candidates as those still needed take at the share that passed so far (all, before the
+    first batch), plus one spare."""
+    nonlocal position
+    goal = len(passing) + needed
+    while len(passing) < goal and position < len(order):
+      share = (len(passing) + 1) / (len(passing) + len(rejected) + 1)
+      window = [int(h) for h in order[position:position + int(np.ceil((goal - len(passing)) / share)) + 1]]
+      measure([(m,) for h in window if h not in seen for m in groups(h) if m not in seen])
+      for h in window:
+        position += 1
+        if h in seen:
+          continue
+        group = candidates(h)
+        if len(groups(h)) > 1 and len([m for m in groups(h) if m not in seen]) > 1:
+          regrouped.append(sorted([m for m in groups(h) if m not in seen], key=lambda m: -target_drop(m)))
+        seen.update(m for m in groups(h))
+        for m in group:
+          (passing if passes((m,)) else rejected).append(m)
+        if len(passing) >= goal:
           break
-        if not passes((m,)):
-          rejected.append(m)
-        elif joins(m, group[j + 1:] + following):
-          add(m)
-      if len(selected) == count:
+
+  # The heads confirmed together are taken in the order of their measured target drop alone, among the first
+  # `together` that passed alone: a weaker head ranked first would otherwise spend the general tasks' margin and turn
+  # a stronger one away. Candidates that replace the ones turned away follow in the order's sequence.
+  first = min(together, count) if together else count
+  advance(first)
+  queue = sorted(passing[:first], key=lambda m: -target_drop(m)) if together else list(passing)
+  queue += passing[first:]
+  taken = 0
+  while len(selected) < count:
+    if taken == len(queue):
+      known_passing = len(passing)
+      advance(count - len(selected))
+      queue += passing[known_passing:]
+      if taken == len(queue):
         break
-  used = set(selected) | set(rejected) | set(rejected_together) | {m for g in regrouped for m in g}
+    m = queue[taken]
+    taken += 1
+    if joins(m, queue[taken:]):
+      add(m)
+  used = set(selected) | set(passing) | set(rejected) | set(rejected_together) | {m for g in regrouped for m in g}
   return selected, Confirmation(decided, measured, [h for h in known if h in used], rejected, regrouped,
                                 confirmed=len(selected), together=min(together, len(selected)) if len(selected) > 1
                                 else 0, measured_sets=measured_sets, rejected_together=rejected_together,

@@ -1,7 +1,7 @@
 """Confirmed selection: candidates in ranking order are measured alone until enough pass, the reported ones together
-too; measurements the method already made are reused; aliased groups are resolved by measurement; a resumed run
-measures nothing again; the run's selection (`find_heads`) is what measurement confirms, whatever the estimates
-said."""
+too, in the order of their target drop alone; measurements the method already made are reused; aliased groups are
+resolved by measurement; a resumed run measures nothing again; the run's selection (`find_heads`) is what measurement
+confirms, whatever the estimates said."""
 
 import numpy as np
 
@@ -85,15 +85,32 @@ def test_the_reported_heads_are_confirmed_together_too(monkeypatch, tmp_path):
   assert again.asked == [] and again.sets == []
 
 
-def test_speculation_follows_aliased_groups_and_stops_at_the_count(monkeypatch):
-  # 10 and 11 always ablated together: after 1 joins, the batch holds 1 + 11 (measured first), 1 + 11 + 10, then 2.
+def test_the_heads_confirmed_together_are_taken_by_their_target_drop_alone(monkeypatch):
+  # The ranking puts 2 (5% of the target, 8% of the general task alone) before 3 (40%, 5%): taken in ranking order, 2
+  # would spend the general margin and 1 + 2 + 3 (13%) would turn 3 away. Taken by the target drop alone, 3 joins
+  # first and 2 is the one turned away (1 + 3 + 2); 4, next in the ranking, replaces it.
+  table = {1: [0.5, 0.0], 2: [0.05, 0.08], 3: [0.4, 0.05], 4: [0.3, 0.0], 5: [0.2, 0.0]}
+  scorer = FakeScorer(table)
+  _patch(monkeypatch, scorer)
+  selected, c = confirm.confirm([1, 2, 3, 4, 5], 3, _judge(scorer), {}, lambda h: [h], None, together=3)
+  assert selected == [1, 3, 4] and c.rejected_together == {2: (1, 3, 2)} and c.rejected == []
+  assert scorer.sets == [[(1, 3), (1, 3, 2)], [(1, 3, 4)]]
+  # Past the heads confirmed together, the order is the ranking's again, the heads turned away first.
+  scorer = FakeScorer(table)
+  _patch(monkeypatch, scorer)
+  assert confirm.confirm([1, 2, 3, 4, 5], 5, _judge(scorer), {}, lambda h: [h], None, together=3)[0] == [1, 3, 4, 2, 5]
+
+
+def test_speculation_follows_the_measured_order_and_stops_at_the_count(monkeypatch):
+  # 10 and 11 always ablated together: both measured alone; the four taken by their target drop alone (1, 11, 2, 10),
+  # and one batch holds the selection grown by each of them as if each joined.
   table = {1: [0.5, 0.0], 2: [0.4, 0.0], 3: [0.3, 0.0], 10: [0.2, 0.0], 11: [0.45, 0.0]}
   scorer = FakeScorer(table)
   _patch(monkeypatch, scorer)
   groups = {10: [10, 11], 11: [10, 11]}
   selected, c = confirm.confirm([1, 10, 2, 3], 4, _judge(scorer), {}, lambda h: groups.get(h, [h]), None, together=4)
-  assert selected == [1, 11, 10, 2] and c.regrouped == [[11, 10]]
-  assert scorer.sets == [[(1, 11), (1, 11, 10), (1, 11, 10, 2)]]  # one batch, every set the one needed
+  assert selected == [1, 11, 2, 10] and c.regrouped == [[11, 10]]
+  assert scorer.sets == [[(1, 11), (1, 11, 2), (1, 11, 2, 10)]]  # one batch, every set the one needed
   scorer = FakeScorer(table)
   _patch(monkeypatch, scorer)
   selected, c = confirm.confirm([1, 2, 3], 2, _judge(scorer), {}, lambda h: [h], None, together=5)
