@@ -9,23 +9,23 @@ Axes: N heads flattened (flat = layer * H + head); `tasks` = the target first, t
 Universal heads (`specificity`): flagged by the estimates, confirmed by single-head ablation on `confirming`
 documents (held out when validating).
 
-Confirmed selection (`selection.Specific` with general tasks): an estimate of a head's general-task effect (a
-Lasso coefficient from a few dozen masks) cannot carry the claim that the head is specific, so before a head is
-called specific it is ablated alone on the identification documents of the target and of every general task, and
-kept only when no general task drops by more than `--specific_max_general_drop` (relative): each drop with its
-interval, more documents of a general task where the interval straddles the bound or the task's power asks, a task
-that cannot detect the bound unable to veto on noise (`decisions`: the rule, --specific_rule). Heads that each pass
-alone can still add up on a general task, so the reported heads (the first --top_k) are also confirmed together: a
-candidate joins them only when the selection so far with it, ablated as one mask, passes the same rule (a batch
-measures the selection grown by each following candidate, as if each joined; a candidate turned away costs one more
-batch). Candidates are taken in the target's ranking order (universal and excluded heads left out) and measured
-alone in small batches until enough pass: max(--curve_k, --top_k) heads, so that the whole specificity curve is measured (a
-neuron selection of hundreds is confirmed at its head, its first --curve_k, and continues with the estimated
-selection). A head the method already measured alone on those documents (one-shot greedy, the confirmation methods)
-costs nothing more. The first --top_k that pass alone are confirmed together in the order of their
-measured target drop alone, not the ranking's: a head ranked first that does little for the target would otherwise
-spend the general tasks' margin and turn a stronger head away (a Lasso ranking's order is an estimate; the drop alone
-is measured). Candidates that replace heads turned away follow in ranking order.
+Confirmed selection (`selection.Specific` with general tasks): an estimate of a head's general-task effect (a Lasso
+coefficient from a few dozen masks) cannot carry the claim that the head is specific, so before a head is called
+specific it is ablated alone on the identification documents of the target and of every general task, and kept only when
+no general task drops by more than `--specific_max_general_drop` (relative): each drop with its interval, more documents
+of a general task where the interval straddles the bound or the task's power asks, a task that cannot detect the bound
+unable to veto on noise (`decisions`: the rule, --specific_rule). Heads that each pass alone can still add up on a
+general task, so the reported heads (the first --top_k) are also confirmed together: a candidate joins them only when
+the selection so far with it, ablated as one mask, passes the same rule (a batch measures the selection grown by each
+following candidate, as if each joined; a candidate turned away costs one more batch). Candidates are taken in the
+target's ranking order (universal and excluded heads left out) and measured alone in small batches until enough pass:
+max(--curve_k, --top_k) heads, so that the whole specificity curve is measured (a neuron selection of hundreds is
+confirmed at its head, its first --curve_k, and continues with the estimated selection). A head the method already
+measured alone on those documents (one-shot greedy, the confirmation methods) costs nothing more. The first --top_k that
+pass alone are confirmed together in the order of their measured target drop alone, not the ranking's: a head ranked
+first that does little for the target would otherwise spend the general tasks' margin and turn a stronger head away (a
+Lasso ranking's order is an estimate; the drop alone is measured). Candidates that replace heads turned away follow in
+ranking order.
 
 Aliased heads (identical columns of a random design, `aliasing`) share one Lasso coefficient, so the ranking
 cannot say which of them matters: when a candidate has twins, every member of its group is measured alone and
@@ -148,13 +148,12 @@ def measured_alone(masks: np.ndarray, metrics: Sequence[np.ndarray], baselines: 
 def confirm(order: Sequence[int], count: int, judge: decisions.Judge, known: dict[int, Any],
             groups: Callable[[int], list[int]], directory: str | None, together: int = 0,
             stamp: str | None = None, unstamped: bool = True) -> tuple[list[int], Confirmation]:
-  """The first `count` heads of `order` (already without excluded and universal heads) that pass when measured
-  alone, the first `together` of them also when ablated together, taken in the order of their target drop alone
-  (module docstring); `judge` measures and decides
-  (`decisions`). `known`: what the method already measured alone (reused): head -> relative drops per task, or
-  per-document values (`measured_alone`); `groups(h)`: h's aliased group ([h] when none). `stamp`: the digest of the
-  settings the measurements are made with, saved with them; a saved file with another is refused, one with none only
-  reused when `unstamped`."""
+  """`count` heads of `order` (already without excluded and universal heads) that pass when measured alone, the first
+  `together` of them also when ablated together, taken in the order of their target drop alone (module docstring);
+  `judge` measures and decides (`decisions`). `known`: what the method already measured alone (reused): head -> relative
+  drops per task, or per-document values (`measured_alone`); `groups(h)`: h's aliased group ([h] when none). `stamp`:
+  the digest of the settings the measurements are made with, saved with them; a saved file with another is refused, one
+  with none only reused when `unstamped`."""
   path = os.path.join(directory, FILE) if directory else None
   saved = files.read_arrays(path) if path else None
   _check_stamp(path, saved, stamp, unstamped)
@@ -249,15 +248,17 @@ def confirm(order: Sequence[int], count: int, judge: decisions.Judge, known: dic
   passing: list[int] = []  # candidates that passed alone, in the order's sequence (aliased groups resolved)
   position = 0
 
-  def advance(needed: int) -> None:
-    """Walks on down the order, measuring candidates alone in batches, until `needed` more pass alone (or the order
-    ends). A batch: as many candidates as those still needed take at the share that passed so far (all, before the
-    first batch), plus one spare."""
+  def advance(needed: int, batch: int) -> None:
+    """Walks on down the order, measuring candidates alone, until `needed` more pass alone (or the order ends). One
+    batch measures enough candidates for `batch` (at least `needed`) to pass at the share that passed so far (all,
+    before the first batch), plus one spare. A candidate that fails is read (rejected) at once, one that passes
+    when it is taken."""
     nonlocal position
     goal = len(passing) + needed
     while len(passing) < goal and position < len(order):
       share = (len(passing) + 1) / (len(passing) + len(rejected) + 1)
-      window = [int(h) for h in order[position:position + int(np.ceil((goal - len(passing)) / share)) + 1]]
+      window = [int(h) for h in order[position:position + int(np.ceil(max(batch, goal - len(passing)) / share)) + 1]]
+      batch = 0
       measure([(m,) for h in window if h not in seen for m in groups(h) if m not in seen])
       for h in window:
         position += 1
@@ -268,30 +269,40 @@ def confirm(order: Sequence[int], count: int, judge: decisions.Judge, known: dic
           regrouped.append(sorted([m for m in groups(h) if m not in seen], key=lambda m: -target_drop(m)))
         seen.update(m for m in groups(h))
         for m in group:
-          (passing if passes((m,)) else rejected).append(m)
+          if judge.passes(decided[(m,)]):
+            passing.append(m)
+          elif not passes((m,)):
+            rejected.append(m)
         if len(passing) >= goal:
           break
+
+  def still_needed() -> int:
+    """Heads the selection still needs from candidates not yet measured: while it is confirmed together, those that
+    join it, and past it those that the heads turned away (which come back then, `add`) do not supply."""
+    if len(selected) < first:
+      return first - len(selected) + max(0, count - first - len(rejected_together))
+    return count - len(selected)
 
   # The heads confirmed together are taken in the order of their measured target drop alone, among the first
   # `together` that passed alone: a weaker head ranked first would otherwise spend the general tasks' margin and turn
   # a stronger one away. Candidates that replace the ones turned away follow in the order's sequence.
   first = min(together, count) if together else count
-  advance(first)
-  queue = sorted(passing[:first], key=lambda m: -target_drop(m)) if together else list(passing)
-  queue += passing[first:]
+  advance(first, count)
+  queue = (sorted(passing[:first], key=lambda m: -target_drop(m)) if together else passing[:first]) + passing[first:]
   taken = 0
   while len(selected) < count:
     if taken == len(queue):
       known_passing = len(passing)
-      advance(count - len(selected))
+      advance(still_needed(), 0)
       queue += passing[known_passing:]
       if taken == len(queue):
         break
     m = queue[taken]
     taken += 1
+    passes((m,))  # read: it passed alone
     if joins(m, queue[taken:]):
       add(m)
-  used = set(selected) | set(passing) | set(rejected) | set(rejected_together) | {m for g in regrouped for m in g}
+  used = set(selected) | set(rejected) | set(rejected_together) | {m for g in regrouped for m in g}
   return selected, Confirmation(decided, measured, [h for h in known if h in used], rejected, regrouped,
                                 confirmed=len(selected), together=min(together, len(selected)) if len(selected) > 1
                                 else 0, measured_sets=measured_sets, rejected_together=rejected_together,

@@ -95,10 +95,13 @@ def test_the_heads_confirmed_together_are_taken_by_their_target_drop_alone(monke
   selected, c = confirm.confirm([1, 2, 3, 4, 5], 3, _judge(scorer), {}, lambda h: [h], None, together=3)
   assert selected == [1, 3, 4] and c.rejected_together == {2: (1, 3, 2)} and c.rejected == []
   assert scorer.sets == [[(1, 3), (1, 3, 2)], [(1, 3, 4)]]
-  # Past the heads confirmed together, the order is the ranking's again, the heads turned away first.
-  scorer = FakeScorer(table)
+  # Past the heads confirmed together, the order is the ranking's again, the heads turned away first; no more heads
+  # are measured alone than the selection needs (2, turned away, comes back: one batch of 6, one spare).
+  scorer = FakeScorer({**table, 6: [0.1, 0.0], 7: [0.1, 0.0], 8: [0.1, 0.0]})
   _patch(monkeypatch, scorer)
-  assert confirm.confirm([1, 2, 3, 4, 5], 5, _judge(scorer), {}, lambda h: [h], None, together=3)[0] == [1, 3, 4, 2, 5]
+  selected, c = confirm.confirm([1, 2, 3, 4, 5, 6, 7, 8], 5, _judge(scorer), {}, lambda h: [h], None, together=3)
+  assert selected == [1, 3, 4, 2, 5] and sorted(c.measured) == [1, 2, 3, 4, 5, 6]
+  assert [k for k in c.consulted if len(k) == 1] == [(1,), (3,), (2,), (4,), (5,)]  # 6, measured, was never read
 
 
 def test_speculation_follows_the_measured_order_and_stops_at_the_count(monkeypatch):
