@@ -225,7 +225,7 @@ def _nbytes(tree) -> int:
 
 
 def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, suffix: int, new: int,
-                         stop_states: int = 16, inserted: int | None = None, *, held_layers: bool
+                         stop_states: int = 16, inserted: tuple[int, int] | None = None, *, held_layers: bool
                          ) -> dict[str, int]:
   """XLA's bytes beyond the parameters of a generation job's calls at this layout, each compiled as the generator
   jits it (the state donated). A call's bytes are its temporaries, outputs and non-parameter arguments
@@ -238,7 +238,7 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
     prefix       the unablated prefill of the prefix (the state is alive)
     load         `load_masks` of as many masks as one call loads (`Planner.load_masks`), resuming from the
                  unablated prefix
-    insert       `insert_rows` filling `inserted` row slots of every mask slot (default all)
+    insert       `insert_rows` starting rows in mask slots: `inserted` (slots, rows in each; default all of them)
     decode_<s>   `decode` of `CHUNK_STEPS` steps reading `s` cache entries (`generation_spans`)
 
   peak: the largest; state: the state's own bytes."""
@@ -270,9 +270,10 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
   insert_fn = jit(functools.partial(generation_kernels.insert_rows, module, c, dtype=dtype),
                   static_argnames=("pad_id",),
                       donate_argnums=(1,))
-  inserted = inserted or rows
-  result["insert"] = call(insert_fn, state, sds((slots, inserted), i32), sds((slots, inserted, suffix), i32),
-                          sds((slots, inserted), i32), alive=("unablated", "tables", "weights"), pad_id=0)
+  filled, inserted = inserted or (slots, rows)
+  result["insert"] = call(insert_fn, state, sds((filled,), i32), sds((filled, inserted), i32),
+                          sds((filled, inserted, suffix), i32), sds((filled, inserted), i32),
+                          alive=("unablated", "tables", "weights"), pad_id=0)
   decode_fn = jit(functools.partial(generation_kernels.decode, module, c, dtype=dtype), static_argnames=("steps",
                                                                                                          "span"),
                   donate_argnums=(1,))
@@ -294,7 +295,7 @@ def compare_generation(config: ModelConfig, shape: GenerationShape, dtype, slots
   estimate = plans.generation_bytes(slots, rows, prefix, suffix, new, shape.stop_states, held_layers=held_layers)
   terms = plans.generation_terms(slots, rows, prefix, suffix, new, shape.stop_states, held_layers=held_layers)
   measured = generation_xla_bytes(config, dtype, slots, rows, prefix, suffix, new, shape.stop_states,
-                                  plans.insert_rows(slots, rows, suffix), held_layers=held_layers)
+                                  plans.insert_call(slots, rows, suffix), held_layers=held_layers)
   return {"task": shape.name, "slots": slots, "rows": rows, "held_layers": held_layers, "prefix": prefix,
           "suffix": suffix, "new": new,
           "estimate_bytes": estimate, "estimate_terms": terms, "xla_bytes": measured["peak"],

@@ -129,7 +129,7 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   slots, rows = layout.slots, layout.rows
   start = time.perf_counter()
   generation_xla = memory.generation_xla_bytes(config, compile_dtype, slots, rows, prefix, suffix, new,
-                                               job.stop_states, plans.insert_rows(slots, rows, suffix),
+                                               job.stop_states, plans.insert_call(slots, rows, suffix),
                                                held_layers=layout.held_layers)
   module = Transformer(config, param_dtype=compile_dtype)
   params = (memory.decode_params(config, compile_dtype) if layout.held_layers

@@ -5,9 +5,9 @@ generation job that compiles them and drives them between chunks is `generator.p
 Axes: `slots` Ms (masks decoded at once; each holds one mask and its prefix's keys/values), `rows` Rs (row slots of a
 mask slot, each a (mask, prompt) pair of that mask), `prefix` P (the prompts' shared token prefix, right-padded),
 `suffix` S (a row's prompt after the prefix, right-padded), `cache` C (a row's own keys/values: its suffix, then its
-new tokens), `span` (the part of C a chunk reads), `new` T (tokens a row may emit), `inserted` Ri (rows a call
-fills per mask slot), `layers` L, `kv_heads` K, `head_dim` Dh, `embed` D, `vocab` V, `states` Q (of the stop-string
-automaton, `stops.py`).
+new tokens), `span` (the part of C a chunk reads), `new` T (tokens a row may emit), `filled` Mi (mask slots an insert
+starts rows in), `inserted` Ri (rows it starts in each), `layers` L, `kv_heads` K, `head_dim` Dh, `embed` D, `vocab` V,
+`states` Q (of the stop-string automaton, `stops.py`).
 
 A decode step's attention reads the mask's prefix keys/values once for all of that mask's rows, and each row's own
 cache up to `span` (`layers.Attention`: one softmax over the prefix, the row's cache and the token itself). Keys and
@@ -149,24 +149,36 @@ def load_masks(module: Any, params: Any, state: Slots, slot: Array, masks: Ablat
                              prefix_v=state.prefix_v.at[:, slot].set(jnp.moveaxis(v, 2, -1), mode="drop"))
 
 
-def insert_rows(module: Any, config: ModelConfig, params: Any, state: Slots, row: Array, tokens: Array,
-                lengths: Array, *, pad_id: int, dtype: DTypeLike) -> Slots:
-  """Starts new rows: mask slot m's suffixes tokens[m] [Ri, S] (right-padded, `lengths` [Ms, Ri] real tokens) go into
-  its row slots row[m] [Ri] (Rs drops a padding entry), prefilled under the slot's mask after its prefix; each row's
-  first new token is the argmax after its last suffix token."""
-  slots, inserted, width = tokens.shape
+def insert_rows(module: Any, config: ModelConfig, params: Any, state: Slots, slot: Array | None, row: Array,
+                tokens: Array, lengths: Array, *, pad_id: int, dtype: DTypeLike) -> Slots:
+  """Starts new rows in some mask slots: slot [Mi] names them (Ms, past the slots, a padding entry; None: every slot
+  in order, Mi = Ms), and the suffixes tokens[i] [Ri, W] (right-padded, `lengths` [Mi, Ri] real tokens, W at most the
+  cache) go into slot[i]'s row slots row[i] [Ri] (Rs drops a padding entry), prefilled under the slot's mask after
+  its prefix; each row's first new token is the argmax after its last suffix token. Named slots are gathered (their
+  masks, a copy of their prefix keys/values) and only they are computed; None reads every slot where it lies, so
+  that slots split over devices each stay on theirs."""
+  ablation, context = state.ablation, prefix_context(state)
+  if slot is None:
+    mi = jnp.arange(state.length.shape[0])[:, None]
+  else:
+    picked = jnp.minimum(slot, state.length.shape[0] - 1)  # a padding entry computes the last slot's, written nowhere
+    take = lambda a: None if a is None else a[picked]  # noqa: E731
+    ablation = dataclasses.replace(ablation, head_mask=take(ablation.head_mask), neuron_mask=take(ablation.neuron_mask))
+    if context is not None:
+      context = Context(context.k[:, picked], context.v[:, picked], context.valid[picked], context.positions)
+    mi = slot[:, None]
+  _, inserted, width = tokens.shape
   columns = jnp.arange(width)[None, None]
   segments = jnp.where(columns < lengths[..., None], 0, -1)  # padding sees only padding
-  out = module.apply({"params": params}, tokens, state.prefix_len + columns, ablation=state.ablation,
-                     context=prefix_context(state), segments=segments, outputs=OutputSpec(kv=True), dtype=dtype)
+  out = module.apply({"params": params}, tokens, state.prefix_len + columns, ablation=ablation, context=context,
+                     segments=segments, outputs=OutputSpec(kv=True), dtype=dtype)
   last = jnp.take_along_axis(out.hidden, jnp.maximum(lengths - 1, 0)[..., None, None], axis=2)[:, :, 0]
   first = greedy_tokens(config, params, last)
-  mi = jnp.arange(slots)[:, None]
-  at = lambda a: a.at[mi, row]  # noqa: E731  [Ms, Ri] entries of a [Ms, Rs, ...] array
+  at = lambda a: a.at[mi, row]  # noqa: E731  [Mi, Ri] entries of a [Ms, Rs, ...] array
   return dataclasses.replace(
-      state, cache_k=tuple(c.at[mi, row, :, :, :width].set(jnp.moveaxis(k, 2, 4), mode="drop")  # [Ms, Ri, K, Dh, S]
+      state, cache_k=tuple(c.at[mi, row, :, :, :width].set(jnp.moveaxis(k, 2, 4), mode="drop")  # [Mi, Ri, K, Dh, W]
                            for c, k in zip(state.cache_k, out.k)),
-      cache_v=tuple(c.at[mi, row, :, :width].set(jnp.swapaxes(v, 2, 3), mode="drop")  # [Ms, Ri, K, S, Dh]
+      cache_v=tuple(c.at[mi, row, :, :width].set(jnp.swapaxes(v, 2, 3), mode="drop")  # [Mi, Ri, K, W, Dh]
                     for c, v in zip(state.cache_v, out.v)),
       length=at(state.length).set(lengths, mode="drop"), current=at(state.current).set(first, mode="drop"),
       tokens=at(state.tokens).set(pad_id, mode="drop"), count=at(state.count).set(0, mode="drop"),

@@ -2,11 +2,13 @@
 
 Axes as in `generation_kernels.py`: `masks` M, `requests` R; a job decodes Ms masks at once in mask slots, each with Rs
 row slots of (mask, prompt) pairs. The prompts' longest shared token prefix (a task's few-shot examples) is prefilled
-once per mask and kept once per mask slot; each row keeps only its own suffix and new tokens. Decoding runs in chunks of
+once per mask slot and kept there; each row keeps only its own suffix and new tokens. Decoding runs in chunks of
 `CHUNK_STEPS` steps; between chunks the host takes the tokens of rows that ended (EOS, a stop string, the token
-budget), fills their row slots with the mask's pending prompts, and when a mask has none left and its rows have all
-ended, loads the next mask into the slot: a call stays full until the work runs out. A chunk reads each row's cache
-up to a bucketed span of the longest live row where that span is short (`generation_kernels.decode_span`).
+budget) and fills their row slots from their mask's queue of pending prompts (one queue per mask, shared by every
+slot holding it), prefilling each prompt at its own width (`Generator._insert`). A mask slot whose rows have all
+ended and whose mask has no prompt left takes the next mask, or, once every mask has started, a mask whose prompts are
+still pending (`assign_masks`): a call stays full until the work runs out. A chunk reads each row's cache up to a
+bucketed span of the longest live row where that span is short (`generation_kernels.decode_span`).
 
 How many slots fit comes from the planner's estimate (`Planner.generation_slots`); where that estimate comes near the
 memory budget, the decode call is compiled ahead of time and XLA's own `memory_analysis()` decides (the executable is
@@ -55,6 +57,30 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     same = np.asarray(prompt[:length]) == np.asarray(first[:length])
     length = int(np.argmin(same)) if not same.all() else length
   return length if length >= MIN_SHARED_PREFIX else 0
+
+
+def assign_masks(free: Sequence[int], rows: int, order: collections.deque[int],
+                 pending: dict[int, collections.deque[int]], docs: Sequence[int],
+                 waiting: Mapping[int, int]) -> list[tuple[int, int]]:
+  """(mask slot, mask) for the mask slots `free` (no live row, their mask's prompts all started): the next masks of
+  `order`, each with all of `docs` pending (`pending[mask]`); once every mask has started, the mask with the most
+  prompts that no row slot will take (`waiting[mask]`: free row slots of the slots already holding it; a slot given
+  here claims `rows`), so that a slot takes on another's work rather than idle while that mask's own slots work
+  through it. Takes the masks off `order`."""
+  assigned = []
+  unclaimed = {m: len(queue) - waiting.get(m, 0) for m, queue in pending.items()}
+  for s in free:
+    if order:
+      m = order.popleft()
+      pending[m] = collections.deque(docs)
+      unclaimed[m] = len(docs) - rows
+    else:
+      m = max(unclaimed, key=unclaimed.__getitem__, default=-1)
+      if m < 0 or unclaimed[m] <= 0:
+        break
+      unclaimed[m] -= rows
+    assigned.append((s, m))
+  return assigned
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,17 +282,22 @@ class Generator:
                     shared.planner.residual_cache / GIB)
     order = collections.deque(sorted(range(len(masks)), key=lambda m: starts[m]))  # neighbours share start layers
     mask_of = np.full(slots, -1)
-    pending: list[collections.deque[int]] = [collections.deque() for _ in range(slots)]
+    # Each mask's prompts not yet started: one queue per mask, shared by every mask slot holding it.
+    pending: dict[int, collections.deque[int]] = {}
     doc_of = np.full((slots, rows), -1)
     live = np.zeros((slots, rows), bool)
     length = np.zeros((slots, rows), np.int64)
     budget = place.put(np.int32(max_new))
     while True:
-      free = [s for s in range(slots) if not pending[s] and not live[s].any()]
-      if free and order:
-        state = self._load(state, free[:len(order)], order, mask_of, pending, docs, masks, starts, unablated,
-                           prefix_tokens)
-      state = self._insert(state, suffixes, suffix_width, pending, live, doc_of, length)
+      free = [s for s in range(slots) if not live[s].any() and not pending.get(int(mask_of[s]))]
+      waiting: collections.Counter[int] = collections.Counter()  # free row slots of the slots that keep their mask
+      for s in set(range(slots)) - set(free):
+        waiting[int(mask_of[s])] += int((~live[s]).sum())
+      assigned = assign_masks(free, rows, order, pending, docs, waiting)
+      if assigned:
+        state = self._load(state, assigned, mask_of, masks, starts, unablated, prefix_tokens)
+      queues = [pending.get(int(m), collections.deque()) for m in mask_of]  # a slot without a mask: none
+      state = self._insert(state, job, suffixes, queues, live, doc_of, length)
       if not live.any():
         break
       span = generation_kernels.decode_span(int(length[live].max()) + CHUNK_STEPS, job.cache)
@@ -286,23 +317,20 @@ class Generator:
           progress(int(ended.sum()))
     shared.stats.seconds += time.perf_counter() - start
 
-  def _load(self, state: generation_kernels.Slots, free: list[int], order: collections.deque[int], mask_of: np.ndarray,
-            pending: list[collections.deque[int]], docs: Sequence[int], masks: Masks, starts: np.ndarray,
-            unablated: tuple[jax.Array, jax.Array, jax.Array] | None, prefix_tokens: jax.Array
-            ) -> generation_kernels.Slots:
-    """Loads the next masks of `order` into the mask slots `free`, in calls of at most the planner's masks
-    (`Planner.load_masks`; padding entries point past the slots)."""
+  def _load(self, state: generation_kernels.Slots, assigned: list[tuple[int, int]], mask_of: np.ndarray,
+            masks: Masks, starts: np.ndarray, unablated: tuple[jax.Array, jax.Array, jax.Array] | None,
+            prefix_tokens: jax.Array) -> generation_kernels.Slots:
+    """Loads each (mask slot, mask) of `assigned` (`assign_masks`), the prefix prefilled under the mask, in calls of
+    at most the planner's masks (`Planner.load_masks`; padding entries point past the slots)."""
     place = self.shared.placement
     per_call = self.shared.planner.load_masks(len(mask_of), int(prefix_tokens.shape[0]))
-    for begin in range(0, len(free), per_call):
-      into = free[begin:begin + per_call]
-      taken = [order.popleft() for _ in into]
+    for begin in range(0, len(assigned), per_call):
+      part = assigned[begin:begin + per_call]
+      into, taken = [s for s, _ in part], [m for _, m in part]
       size = min(per_call, batching.bucket_pow2(len(taken)))
       chosen = np.array(taken + [taken[0]] * (size - len(taken)))
       slot = np.array(into + [len(mask_of)] * (size - len(taken)), np.int32)
-      for s, m in zip(into, taken):
-        mask_of[s] = m
-        pending[s].extend(docs)
+      mask_of[into] = taken
       batch = masks.rows(chosen)
       ablation = Ablation(None if batch.heads is None else place.put(batch.heads.astype(place.dtype)), None,
                           None if batch.neurons is None else place.put(batch.neurons.astype(place.dtype)), None)
@@ -314,36 +342,52 @@ class Generator:
       self.shared.stats.calls += 1
     return state
 
-  def _insert(self, state: generation_kernels.Slots, suffixes: dict[int, list[int]], width: int,
-              pending: list[collections.deque[int]], live: np.ndarray, doc_of: np.ndarray,
+  def _insert(self, state: generation_kernels.Slots, job: Job, suffixes: dict[int, list[int]],
+              queues: Sequence[collections.deque[int]], live: np.ndarray, doc_of: np.ndarray,
               length: np.ndarray) -> generation_kernels.Slots:
-    """Fills every free row slot of each mask slot with its mask's pending prompts, in calls of at most the
-    planner's rows per mask slot (`Planner.insert_rows`: a prefill of `tokens_per_batch` tokens)."""
+    """Fills every free row slot of each mask slot from its mask's queue of pending prompts (`queues[s]`, shared by
+    the slots holding that mask). The prompts are prefilled by width (`batching.bucket_coarse` of each suffix, at
+    most the job's), so a short prompt is not prefilled as wide as the job's longest: a call starts rows of one width
+    in the mask slots that have some (in every slot where they are split over devices), at most the slots and rows
+    the planner's estimate covers at that width (`Planner.insert_call`)."""
     slots, rows = live.shape
-    plan = []
-    for s in range(slots):
-      free = np.nonzero(~live[s])[0][:len(pending[s])]
-      plan.append([(int(r), pending[s].popleft()) for r in free])
-    most = max(len(p) for p in plan)
-    per_call = self.shared.planner.insert_rows(slots, rows, width)
-    place = self.shared.placement
+    widths: dict[int, dict[int, list[tuple[int, int]]]] = {}  # width -> mask slot -> [(row slot, prompt)]
+    for s, queue in enumerate(queues):
+      for r in np.nonzero(~live[s])[0][:len(queue)]:
+        doc = queue.popleft()
+        width = min(batching.bucket_coarse(len(suffixes[doc])), job.suffix)
+        widths.setdefault(width, {}).setdefault(s, []).append((int(r), doc))
+        doc_of[s, r], live[s, r], length[s, r] = doc, True, len(suffixes[doc])
+    planner, place = self.shared.planner, self.shared.placement
+    every = planner.data_parallel > 1  # the slots split over devices: every insert starts rows in every slot
     split = lambda a: place.put(a, place.split(a.ndim))  # noqa: E731
-    for begin in range(0, most, per_call):
-      part = [p[begin:begin + per_call] for p in plan]
-      # A few shapes: rows/8, rows/4, rows/2, rows (within the call's cap).
-      inserted = min(per_call, max(batching.bucket_pow2(max(len(p) for p in part)), rows // 8))
-      row = np.full((slots, inserted), rows, np.int32)
-      tokens = np.full((slots, inserted, width), self.shared.pad_id, np.int32)
-      lengths = np.ones((slots, inserted), np.int32)
-      for s, entries in enumerate(part):
-        for i, (r, doc) in enumerate(entries):
-          suffix = suffixes[doc]
-          row[s, i], lengths[s, i] = r, len(suffix)
-          tokens[s, i, :len(suffix)] = suffix
-          doc_of[s, r], live[s, r], length[s, r] = doc, True, len(suffix)
-      state = self._insert_fn(place.params, state, split(row), split(tokens), split(lengths),
-                              pad_id=self.shared.pad_id)
-      self.shared.stats.calls += 1
+    for width, starting in sorted(widths.items()):
+      filled = list(range(slots)) if every else list(starting)
+      deepest = max(len(entries) for entries in starting.values())
+      # A few shapes a width: rows and slots each within a factor of 8 and 4 of the most a call starts.
+      per_call, cap = planner.insert_call(slots, rows, job.suffix, width)
+      inserted = min(cap, max(batching.bucket_pow2(deepest), rows // 8))
+      for begin in range(0, len(filled), per_call):
+        part = filled[begin:begin + per_call]
+        for offset in range(0, deepest, inserted):
+          calls = [(s, starting.get(s, [])[offset:offset + inserted]) for s in part]
+          calls = calls if every else [(s, entries) for s, entries in calls if entries]
+          if not any(entries for _, entries in calls):
+            continue
+          size = min(per_call, max(batching.bucket_pow2(len(calls)), per_call // 4))
+          slot = np.full((size,), slots, np.int32)
+          row = np.full((size, inserted), rows, np.int32)
+          tokens = np.full((size, inserted, width), self.shared.pad_id, np.int32)
+          lengths = np.ones((size, inserted), np.int32)
+          for i, (s, entries) in enumerate(calls):
+            slot[i] = s
+            for j, (r, doc) in enumerate(entries):
+              suffix = suffixes[doc]
+              row[i, j], lengths[i, j] = r, len(suffix)
+              tokens[i, j, :len(suffix)] = suffix
+          state = self._insert_fn(place.params, state, None if every else place.put(slot), split(row), split(tokens),
+                                  split(lengths), pad_id=self.shared.pad_id)
+          self.shared.stats.calls += 1
     return state
 
   # --- the engine's face ------------------------------------------------------------------------------------------

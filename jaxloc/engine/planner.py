@@ -166,6 +166,11 @@ class GenerationSlots:
   held_layers: bool
 
 
+# A generation job of more than one call's work whose shared prefix is no wider than its prompts spreads a call's rows
+# over this many mask slots (`Planner.generation_slots`).
+MAX_SLOTS = 16
+
+
 @dataclasses.dataclass(frozen=True)
 class Planner:
   """The sizes of one engine's calls. budget and residual_cache in bytes (module docstring); generation_batch caps
@@ -232,15 +237,28 @@ class Planner:
     `prefix` (each a `suffix` after it, emitting at most `new` tokens; `stop_states` states of the stop-string
     automaton): rows fill the row cap (`generation_batch`, or 64 on CPUs and 1024 on accelerators; `platform` names
     the one whose cap applies, default this machine's), a mask slot holding up to all of a mask's prompts (never more
-    rows than the cap), then shrink until `generation_bytes` fits the budget. Both are powers of two (a handful of
-    shapes whatever the counts); mask slots a multiple of the data-parallel size. The job holds its layers laid out
-    for decoding where that copy costs it no slots or rows; else each decode call lays them out (once per chunk)."""
+    rows than the cap), then shrink until `generation_bytes` fits the budget. A job of several masks that is more
+    than one call's work, its prefix no wider than its prompts, then spreads the call's rows over `MAX_SLOTS` mask
+    slots where they fit, on one device (split over devices, every insert computes every slot: `insert_call`): each
+    slot's prefix costs less than one of its prompts, and a slot whose mask's prompts have run out waits only for its
+    own few rows before it takes up another mask (`generator.assign_masks`), where one slot of all the rows would wait
+    for its mask's longest generation. Both are powers of two (a handful of shapes whatever the counts); mask slots a
+    multiple of the data-parallel size. The job holds its layers laid out for decoding where that copy costs it no
+    slots or rows; else each decode call lays them out (once per chunk)."""
     cap = self.generation_batch or (1024 if (platform or jax.devices()[0].platform) != "cpu" else 64)
     rows = min(bucket_pow2(docs), floor_pow2(cap))
     plan = self.generation_layout(min(bucket_pow2(masks), floor_pow2(cap // rows)), rows, prefix, suffix, new,
                                   stop_states, held_layers=False)
     while plan.estimated_bytes > self.budget and (plan.rows > 1 or plan.slots > self.data_parallel):
       plan = self.smaller(plan, prefix, suffix, new, stop_states)
+    total = plan.slots * plan.rows
+    spread = min(MAX_SLOTS, total)
+    if (masks > 1 and bucket_pow2(masks) * bucket_pow2(docs) > total and prefix <= suffix and spread > plan.slots
+        and self.data_parallel == 1):
+      # More than one call's work, and a prefix no wider than a prompt: the same rows over more mask slots.
+      split = self.generation_layout(spread, total // spread, prefix, suffix, new, stop_states, held_layers=False)
+      if split.estimated_bytes <= self.budget:
+        plan = split
     # Holding the layers only adds bytes: it costs no rows exactly where the held layout of this size fits.
     held = self.generation_layout(plan.slots, plan.rows, prefix, suffix, new, stop_states, held_layers=True)
     if held.estimated_bytes <= self.budget:
@@ -273,11 +291,20 @@ class Planner:
     power of two, at least 1, at most the mask slots)."""
     return min(floor_pow2(slots), floor_pow2(max(1, self.tokens_per_batch // max(1, prefix))))
 
-  def insert_rows(self, slots: int, rows: int, suffix: int) -> int:
-    """Rows per mask slot that one prefill of `suffix`-wide prompts starts: as many as `tokens_per_batch` tokens
-    hold over the mask slots (a power of two, at least 1, at most `rows`), so that the prefill's activations do not
-    grow with the rows a decode step holds."""
-    return min(rows, floor_pow2(max(1, self.tokens_per_batch // max(1, slots * suffix))))
+  def insert_call(self, slots: int, rows: int, suffix: int, width: int | None = None) -> tuple[int, int]:
+    """The largest insert (`generation_kernels.insert_rows`) of prompts `width` wide (default `suffix`, the job's
+    widest) in a job of `slots` x `rows`: (mask slots, rows started in each), powers of two. At the job's width, rows
+    first, as many as `tokens_per_batch` tokens hold (at least one in one slot), so that the prefill's activations do
+    not grow with the rows a decode step holds; narrower prompts start more rows, in each slot and then in more slots,
+    within the same tokens. Where the mask slots are split over devices (`data_parallel` > 1) an insert starts rows
+    in every slot, each device in its own, as many in each as the tokens hold over all the slots."""
+    width = width or suffix
+    if self.data_parallel > 1:
+      return slots, min(rows, floor_pow2(max(1, self.tokens_per_batch // max(1, slots * width))))
+    widest = min(rows, floor_pow2(max(1, self.tokens_per_batch // max(1, suffix))))
+    tokens = min(floor_pow2(slots), floor_pow2(max(1, self.tokens_per_batch // (widest * suffix)))) * widest * suffix
+    inserted = min(rows, floor_pow2(max(1, tokens // width)))
+    return min(floor_pow2(slots), floor_pow2(max(1, tokens // (inserted * width)))), inserted
 
   def generation_bytes(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int, *,
                        held_layers: bool) -> int:
@@ -294,9 +321,9 @@ class Planner:
     automaton's tables ([vocab, stop_states], int32 and bool). Within a call, the larger of: a decode chunk (its own
     copy of the laid-out weights where the job holds none, live through the logits too; its copy of the prefix
     keys/values, each layer's apart; one layer's caches copied, every layer's cache sliced to a short span; one
-    token per row attending to the prefix and its cache: three float32 copies of the scores) and a prefill of
-    `insert_rows` rows per mask slot (as a scoring call, plus the inserted rows' keys/values of every layer before
-    they go into the cache).
+    token per row attending to the prefix and its cache: three float32 copies of the scores) and an insert
+    (`insert_call` of the widest prompts and of the narrowest: as a scoring call's prefill, plus the inserted rows'
+    keys/values of every layer before they go into the cache, and the filled slots' prefix keys/values gathered).
 
     The terms follow XLA's `memory_analysis()` of the compiled calls (`experiments.benchmark_memory
     --parts=generation`, every preset): never under."""
@@ -311,12 +338,17 @@ class Planner:
     decode = (self.activation_bytes(slots, rows, 1, 0, 1) + (0 if held_layers else weights) + spans
               + c.num_layers * slots * prefix * kv
               + 3 * 4 * slots * rows * c.num_heads * (prefix + cache) + slots * rows * cache * kv)
-    inserted = self.insert_rows(slots, rows, suffix)
-    # The scoring formula's prefill, less its prefix keys/values (held above), 5% over: OLMo-2's insert (q/k norms over
-    # the whole projection) holds 0.1% more than the formula; plus the inserted rows' stacked keys/values.
-    prefill = (21 * (self.activation_bytes(slots, inserted, suffix, prefix, 1)
-                     - 3 * c.num_layers * slots * prefix * c.num_kv_heads * c.head_dim * self.dtype_bytes) // 20
-               + c.num_layers * slots * inserted * suffix * kv)
+    def insert(width: int) -> int:
+      # The scoring formula's prefill, less its prefix keys/values (the state holds them), 5% over: OLMo-2's insert
+      # (q/k norms over the whole projection) holds 0.1% more than the formula; plus the inserted rows' stacked
+      # keys/values and the filled slots' prefix keys/values, gathered.
+      filled, inserted = self.insert_call(slots, rows, suffix, width)
+      return (21 * (self.activation_bytes(filled, inserted, width, prefix, 1)
+                    - 3 * c.num_layers * filled * prefix * c.num_kv_heads * c.head_dim * self.dtype_bytes) // 20
+              + c.num_layers * filled * inserted * width * kv + c.num_layers * filled * prefix * kv)
+
+    # The widest prompts' insert, and the narrowest's (`batching.bucket_coarse`: 16), with the most rows and logits.
+    prefill = max(insert(suffix), insert(min(16, suffix)))
     loaded = self.load_masks(slots, prefix)  # a prefix prefill per loaded mask, its keys/values scattered after
     load = self.activation_bytes(loaded, 1, prefix, 0, 1) + c.num_layers * loaded * prefix * kv
     return {"decode_weights": weights if held_layers else 0,

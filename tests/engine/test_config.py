@@ -63,8 +63,9 @@ def test_the_engine_flags_are_the_config_fields():
 
 def test_the_planner_answers_every_batch_size_from_one_budget(tiny_model):
   """Generation slots and integrated-gradient requests shrink with the budget; generation rows fill a mask slot with
-  its prompts first, then more mask slots, as powers of two; data parallelism rounds mask slots up to a multiple of
-  the data axis."""
+  its prompts first, then more mask slots, as powers of two, and a job of more than one call's work whose prefix is
+  no wider than its prompts spreads a call's rows over more mask slots; data parallelism rounds mask slots up to a
+  multiple of the data axis."""
   big = planner.Planner(tiny_model.config, budget=1 << 30, tokens_per_batch=2048, dtype_bytes=4)
   small = dataclasses.replace(big, budget=1 << 21)
 
@@ -76,6 +77,23 @@ def test_the_planner_answers_every_batch_size_from_one_budget(tiny_model):
   assert rows(big, platform="gpu") == (1, 1024)
   assert rows(big, docs=5) == (8, 8)  # a power of two: few shapes whatever the count
   assert rows(big, masks=3, docs=5) == (4, 8)
+  # More than one call's work under a prefix no wider than the prompts: the call's rows over 16 mask slots, each mask
+  # then able to take up several (`generator.assign_masks`); one call's work, one mask, or slots split over devices
+  # stay as they were.
+  def spread(p, **kw):
+    layout = p.generation_slots(prefix=32, suffix=64, new=32, **kw)
+    return layout.slots, layout.rows
+
+  assert spread(big, masks=6, docs=40) == (16, 4)
+  assert spread(big, masks=6, docs=40, platform="gpu") == (8, 64)  # 8 x 64 prompts: one call's work on a GPU
+  assert spread(big, masks=1, docs=400) == (1, 64)
+  assert spread(big, masks=3, docs=5) == (4, 8)
+  assert spread(dataclasses.replace(big, data_parallel=2), masks=6, docs=40) == (2, 64)  # every insert fills all
+  # An insert: rows first as 2048 tokens hold at the job's widest prompts, narrower ones more rows, then more slots.
+  assert big.insert_call(16, 4, 768) == (1, 2)
+  assert big.insert_call(16, 4, 768, 96) == (4, 4)
+  assert big.insert_call(1, 64, 128) == (1, 16)
+  assert dataclasses.replace(big, data_parallel=2).insert_call(16, 4, 64) == (16, 2)
   small_slots, small_rows = rows(small)
   assert small_slots * small_rows < 64
   assert small.generation_bytes(small_slots, small_rows, 64, 32, 32, 1, held_layers=False) <= small.budget

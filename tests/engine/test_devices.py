@@ -29,7 +29,9 @@ SCRIPT = textwrap.dedent("""
                                           ("data4_model2", jax.devices(), 2)]:
       engine = Engine(model, mesh=make_mesh(model_parallel, devices))
       scores = engine.score(requests, masks)
-      texts = engine.generate([GenerationRequest("Once upon", max_new_tokens=5)], masks[:3])
+      prompts = ["Once upon", "One two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+                              "fifteen sixteen seventeen eighteen nineteen twenty"]
+      texts = engine.generate([GenerationRequest(p, max_new_tokens=5) for p in prompts], masks[:3])  # two widths
       out[name] = {"logprob": scores.logprob.tolist(), "greedy": scores.is_greedy.tolist(), "texts": texts,
                    "masks_per_call": engine.masks_per_call(requests)}
     print("RESULT" + json.dumps(out))

@@ -192,6 +192,53 @@ def test_rows_refill_and_masks_swap_as_rows_end(tiny_model):
   assert engine.generator._insert_fn.compiled_shapes() >= 2  # noqa: SLF001  the first fill and smaller refills
 
 
+def test_a_job_without_a_wide_prefix_spreads_masks_over_slots_and_prefills_by_width(tiny_model, monkeypatch):
+  """Prompts of different lengths that share no prefix wider than themselves, more (mask, prompt) pairs than a call
+  holds: the planner spreads the call's rows over mask slots of one row, a free slot takes on a mask whose prompts are
+  still pending once every mask has started, and rows are prefilled at their own width (not the longest prompt's);
+  every pair comes back exactly once, with the tokens it gets generated alone."""
+  from jaxloc.engine import generator
+  from jaxloc.engine.masks import check_fills, check_masks
+
+  words = "the cat sat on a mat and then it ran far away from home".split() * 4
+  prompts = [" ".join(words[:n]) for n in (2, 3, 5, 8, 30, 50)] * 2
+  masks = np.ones((4, 3, 6), np.float32)
+  masks[1, 0, 2] = masks[2, 2, 5] = masks[3, 1, :] = 0
+  engine = Engine(tiny_model, EngineConfig(generation_batch=8))
+  assigned = []
+  assign = generator.assign_masks
+
+  def recording(*args):
+    got = assign(*args)
+    assigned.append(got)
+    return got
+
+  monkeypatch.setattr(generator, "assign_masks", recording)
+  insert, widths = engine.generator._insert_fn, set()  # noqa: SLF001
+
+  def inserting(params, state, slot, row, tokens, lengths, **static):
+    widths.add(tokens.shape[-1])
+    return insert(params, state, slot, row, tokens, lengths, **static)
+
+  monkeypatch.setattr(engine.generator, "_insert_fn", inserting)
+  ids = [tiny_model.tokenizer(p)["input_ids"] for p in prompts]
+  stops = ("s",)
+  config = tiny_model.config
+  got = list(engine.generator._generate_grid(ids, list(range(len(ids))), check_masks(config, masks),  # noqa: SLF001
+                                             check_fills(config, None), stops, 20))
+  layout = next(iter(engine.generator._layouts.values()))  # noqa: SLF001
+  assert (layout.slots, layout.rows) == (8, 1)  # the call's 8 rows over 8 mask slots
+  assert sorted(pair for pair, _ in got) == [(m, i) for m in range(len(masks)) for i in range(len(ids))]
+  assert len({len(tokens) for _, tokens in got}) > 2  # rows ended at different steps
+  first = [m for _, m in assigned[0]]
+  assert sorted(first[:4]) == [0, 1, 2, 3] and len(first) == 8  # four slots beside the masks' own take on their work
+  assert len(widths) >= 2  # short prompts prefilled narrower than the longest
+  alone = Engine(tiny_model, EngineConfig(generation_batch=1))
+  for (m, i), tokens in got:
+    assert tokens == next(alone.generator._generate_grid(ids, [i], check_masks(config, masks[m:m + 1]),  # noqa: SLF001
+                                                         check_fills(config, None), stops, 20))[1]
+
+
 def test_shared_prefix_length_leaves_every_prompt_a_token():
   assert shared_prefix_length([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 7]]) == 5
   assert shared_prefix_length([[1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 9, 9]]) == 4  # the shorter one keeps its last token
