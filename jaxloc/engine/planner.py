@@ -338,6 +338,7 @@ class Planner:
     decode = (self.activation_bytes(slots, rows, 1, 0, 1) + (0 if held_layers else weights) + spans
               + c.num_layers * slots * prefix * kv
               + 3 * 4 * slots * rows * c.num_heads * (prefix + cache) + slots * rows * cache * kv)
+
     def insert(width: int) -> int:
       # The scoring formula's prefill, less its prefix keys/values (the state holds them), 5% over: OLMo-2's insert
       # (q/k norms over the whole projection) holds 0.1% more than the formula; plus the inserted rows' stacked
