@@ -2,18 +2,18 @@
 
 A step of `generation_kernels.decode` feeds one token per row through the model: it must read the weights once (the LM
 head included; an untied embedding only at the fed tokens), each mask slot's prefix keys/values once for all of its
-rows, and each row's own cache up to the span. That is the floor (`floor_bytes`); the goal is a step within 1.5x of
-it.
+rows, and each row's own cache up to the span its call reads (the blocks its rows have filled). That is the floor
+(`floor_bytes`); the goal is a step within 1.5x of it.
 
 XLA's `cost_analysis()` counts a loop's body once, and a decode step is a loop body (the decode `while_loop`; its
 layers are unrolled, but any loop inside a step would be counted once too), so `hlo_bytes` walks the optimized HLO itself, counting what XLA's cost analysis counts per instruction (a
 fusion's operands and outputs; a slice or an in-place update only over the part it touches) and multiplying each
 loop body by its known trip count; with every trip count taken as one it reproduces XLA's own total, which checks
 the walk. `step_cost` compiles the decode call for one step with abstract parameters (nothing is allocated) and
-splits its bytes into the step (the decode loop's body) and the call's own (once per chunk of `CHUNK_STEPS` steps:
-the state's bookkeeping outside the loop, and laying every layer's weights out where the job holds no laid-out copy,
-`generation_kernels.decode_layers`), with the largest instructions of the step; `amortized_ratio` adds the call's own
-bytes spread over a chunk.
+splits its bytes into the step (the decode loop's body) and the call's own (once per chunk of
+`generation_kernels.CHUNK_STEPS` steps: the state's bookkeeping outside the loop, and laying every layer's weights
+out where the job holds no laid-out copy, `generation_kernels.decode_layers`), with the largest instructions of the
+step; `amortized_ratio` adds the call's own bytes spread over a chunk.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import numpy as np
 
 from jaxloc.bench import memory
 from jaxloc.engine import generation_kernels
-from jaxloc.engine.generator import CHUNK_STEPS
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.decoder import Transformer
 
@@ -252,27 +251,29 @@ def floor_bytes(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, 
 
 
 def step_cost(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, cache: int, new: int,
-              span: int | None = None, compiler_options: dict | None = None, top: int = 12, *,
+              blocks: int | None = None, compiler_options: dict | None = None, top: int = 12, *,
               held_layers: bool) -> dict[str, Any]:
   """Bytes of one decode step at this layout by XLA's compiled graph (`HloBytes`), against `floor_bytes`.
 
-  The decode call is compiled for one step (`steps=1`) reading `span` cache entries (default all) with abstract
+  The decode call is compiled for one step (`steps=1`) reading the first `blocks` blocks of each row's cache (default
+  all; `generation_kernels.cache_blocks`; their positions are the `span` the floor counts) with abstract
   parameters and state. step_bytes: the decode loop's body, the layers `num_layers` times, each gather and scatter
   over what it touches; step_bytes_xla_rules: the same under XLA's own rules; call_bytes: the call's own work
   outside the loop (once per chunk). xla_cost_analysis: `compiled.cost_analysis()`'s figure (every loop once), and
   hlo_check: the walk under XLA's rules with every loop once, which must match it. by_kind: the step's bytes by
   what moves them (`HloBytes.kind`); largest: its `top` instructions, loops multiplied out."""
   c, sds, i32 = config, jax.ShapeDtypeStruct, jnp.int32
-  span = span or cache
+  widths = generation_kernels.cache_blocks(cache)
+  blocks = len(widths) if blocks is None else blocks
+  span = sum(widths[:blocks])
   module = Transformer(c, param_dtype=dtype)
   # Layers laid out once per job (`held_layers`), or by the call itself, before its loop (the call's own bytes).
   params = memory.decode_params(c, dtype) if held_layers else memory._params(c, dtype)  # noqa: SLF001
   state = generation_kernels.slot_shapes(c, dtype, slots=slots, rows=rows, prefix=prefix, cache=cache, new=new)
-  decode = jax.jit(functools.partial(generation_kernels.decode, module, c, dtype=dtype), static_argnames=("steps",
-                                                                                                          "span"),
-                   donate_argnums=(1,))
+  decode = jax.jit(functools.partial(generation_kernels.decode, module, c, dtype=dtype),
+                   static_argnames=("steps", "blocks"), donate_argnums=(1,))
   lowered = decode.lower(params, state, sds((2,), i32), sds((c.vocab_size, 16), i32),
-                         sds((c.vocab_size, 16), jnp.bool_), sds((), i32), steps=1, span=span)
+                         sds((c.vocab_size, 16), jnp.bool_), sds((), i32), steps=1, blocks=blocks)
   compiled = lowered.compile(compiler_options=compiler_options or None)
   text = compiled.as_text()
   cost = compiled.cost_analysis()
@@ -293,9 +294,10 @@ def step_cost(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, ca
   largest = sorted(step, key=lambda x: -x[0])[:top]
   floor = floor_bytes(c, dtype, slots, rows, prefix, span)
   return {
-      "slots": slots, "rows": rows, "prefix": prefix, "cache": cache, "span": span, "dtype": jnp.dtype(dtype).name,
+      "slots": slots, "rows": rows, "prefix": prefix, "cache": cache, "blocks": blocks, "span": span,
+      "dtype": jnp.dtype(dtype).name,
       "floor": floor, "step_bytes": step_bytes, "ratio": step_bytes / floor["total"],
-      "amortized_ratio": (step_bytes + (total - step_bytes) / CHUNK_STEPS) / floor["total"],
+      "amortized_ratio": (step_bytes + (total - step_bytes) / generation_kernels.CHUNK_STEPS) / floor["total"],
       "step_bytes_xla_rules": sum(s for s, _, p in xla_rules.items() if p[:1] == (loops[0],)),
       "call_bytes": total - step_bytes,
       "xla_cost_analysis": float(cost.get("bytes accessed", 0.0)),
@@ -319,10 +321,12 @@ def describe(cost: dict[str, Any]) -> str:
   gb = 1e9
   floor = cost["floor"]
   lines = [f"decode step at {cost['slots']} mask slots x {cost['rows']} rows, prefix {cost['prefix']}, span "
-           f"{cost['span']} ({cost['dtype']}): {cost['step_bytes'] / gb:.2f} GB per step, floor "
+           f"{cost['span']} ({cost['blocks']} cache blocks, {cost['dtype']}): {cost['step_bytes'] / gb:.2f} GB per "
+           f"step, floor "
            f"{floor['total'] / gb:.2f} GB (weights {floor['weights'] / gb:.2f}, prefix keys/values "
            f"{floor['prefix_kv'] / gb:.2f}, row caches {floor['cache'] / gb:.2f}): {cost['ratio']:.2f}x the floor; "
-           f"{cost['amortized_ratio']:.2f}x with the call's own bytes spread over its {CHUNK_STEPS} steps",
+           f"{cost['amortized_ratio']:.2f}x with the call's own bytes spread over its "
+           f"{generation_kernels.CHUNK_STEPS} steps",
            f"  under XLA's rules (whole operand of gathers and scatters): {cost['step_bytes_xla_rules'] / gb:.2f} GB "
            f"per step; the call's own, once per chunk: {cost['call_bytes'] / gb:.2f} GB",
            f"  XLA's cost_analysis (every loop once): {cost['xla_cost_analysis'] / gb:.3f} GB; this walk under its "

@@ -17,10 +17,12 @@ one mask's), W the weight bytes a step reads (every parameter but an untied embe
 token over all layers:
   FLOPs: `flops_per_token(with_lm_head=False)` at every prefix token (once per mask), suffix token and fed-back new
     token (D·m), the LM head at every emitted token (D·n), and attention (4·L·H·Dh per query-key pair: the prefix
-    causally, each suffix over the prefix and itself, each fed token over everything before it);
+    causally, each suffix over the prefix and itself, each fed token over everything before it; a sliding-window
+    layer's query over its window only);
   bytes: the weights once per decode step of a full call (D·m / rows_per_call steps per mask: the call's rows share
-    them), the mask's prefix keys/values once per step its rows decode (shared by them: D·m / rows_per_slot) plus
-    once written, and every row's own cache (suffix and tokens so far) at each of its m steps.
+    them), the mask's prefix keys/values once per step its rows decode (shared by them: D·m / rows_per_slot; a
+    sliding-window layer's at most its window) plus once written, and every row's own cache (suffix and tokens so
+    far) at each of its m steps.
 The floor is max(FLOPs / matmul peak, bytes / memory bandwidth), both measured in the same run (`memory_bandwidth`);
 the reported fraction is floor / measured, every implementation held to the floor of the same work. Using the mean
 row length makes the cache and attention terms lower bounds (their quadratic parts grow with the spread), and the
@@ -29,6 +31,7 @@ weights read by prefill calls are left out: it stays a floor.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
@@ -46,7 +49,7 @@ from jaxloc.engine.generator import shared_prefix_length
 from jaxloc.engine.masks import random_masks
 from jaxloc.engine.requests import GenerationRequest
 from jaxloc.models import checkpoints
-from jaxloc.models.config import ModelConfig, config_to_hf
+from jaxloc.models.config import NO_WINDOW, ModelConfig, config_to_hf
 from jaxloc.models.torch_reference import ablated_heads as hooked
 from jaxloc.tasks import gsm8k
 
@@ -105,6 +108,18 @@ def weight_bytes(config: ModelConfig, params) -> int:
   return total - (0 if config.tie_word_embeddings else int(flat["embed/embedding"].nbytes))
 
 
+def _visible_keys(before: float, queries: float, window: int) -> float:
+  """Query-key pairs of `queries` consecutive queries after `before` positions, each seeing itself and what came
+  before it within `window` (sum over i = 1..queries of min(before + i, window)), in closed form, so a mean count of
+  new tokens that is not whole counts as the arithmetic series does."""
+  pairs = queries * before + queries * (queries + 1) / 2
+  past = before + queries - window  # the last query's keys beyond its window
+  if past <= 0:
+    return pairs
+  over = min(queries, past)  # queries that see a full window
+  return pairs - over * (2 * past - over + 1) / 2
+
+
 def roofline(config: ModelConfig, *, masks: int, suffixes: Sequence[int], prefix: int, emitted: int,
              rows_per_call: int, rows_per_slot: int, weights: int, kv_dtype_bytes: int, peak_gflops: float,
              bandwidth_gbs: float) -> dict[str, float]:
@@ -116,15 +131,18 @@ def roofline(config: ModelConfig, *, masks: int, suffixes: Sequence[int], prefix
   # A row's first new token comes from its suffix's prefill; each later one is a decode step feeding the token
   # before it: m = n - 1 steps per row, the one at step t attending to (and reading) prefix + suffix + t positions.
   fed = max(emitted / masks / docs - 1, 0.0)
-  pair = 4 * c.num_layers * c.num_heads * c.head_dim  # q·k and p·v of one query-key pair, every layer
   kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * kv_dtype_bytes
-  attention = pair * (prefix * (prefix + 1) / 2 + sum(s * (prefix + (s + 1) / 2) for s in suffixes)
-                      + docs * fed * (prefix + (fed + 1) / 2) + fed * own)
+  attention, prefix_read = 0.0, 0.0  # prefix_read: the prefix's keys/values bytes a decode step reads
+  for window, layers in collections.Counter(c.layer_windows() or (NO_WINDOW,) * c.num_layers).items():
+    prefix_read += kv * layers / c.num_layers * min(prefix, window)
+    pairs = (_visible_keys(0, prefix, window) + sum(_visible_keys(prefix, s, window) for s in suffixes)
+             + sum(_visible_keys(prefix + s, fed, window) for s in suffixes))
+    attention += 4 * layers * c.num_heads * c.head_dim * pairs  # q·k and p·v of each query-key pair
   flops = (c.flops_per_token(with_lm_head=False) * (prefix + own + docs * fed)
            + 2 * c.hidden_size * c.vocab_size * emitted / masks + attention)
   steps = docs * fed / rows_per_call  # this mask's share of a full call's decode steps
   cache = kv * (fed * own + docs * fed * (fed + 1) / 2)
-  prefix_bytes = kv * prefix * (docs * fed / rows_per_slot + 1)
+  prefix_bytes = prefix_read * docs * fed / rows_per_slot + kv * prefix
   total_bytes = steps * weights + prefix_bytes + cache
   compute_s, memory_s = flops / peak_gflops / 1e9, total_bytes / bandwidth_gbs / 1e9
   return {"flops": flops, "attention_flops": attention, "bytes": total_bytes, "weight_bytes": steps * weights,

@@ -36,7 +36,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc.engine import batching, generation_kernels, planner, scoring_kernels
-from jaxloc.engine.generator import CHUNK_STEPS
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.layers import Context
 from jaxloc.models.decoder import Ablation, Transformer
@@ -213,13 +212,6 @@ def generation_plan(config: ModelConfig, shape: GenerationShape, dtype, memory_b
                                 stop_states=shape.stop_states, platform=platform)
 
 
-def generation_spans(cache: int) -> tuple[int, ...]:
-  """The spans a decode call of a `cache`-wide job is compiled at: the whole cache, and the largest span below it
-  that the generator reads (`generation_kernels.decode_span`)."""
-  below = batching.bucket_coarse_below(cache // 3 + 1)
-  return (cache, below) if below > CHUNK_STEPS and generation_kernels.decode_span(below, cache) == below else (cache,)
-
-
 def _nbytes(tree) -> int:
   return sum(int(np.prod(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(tree))
 
@@ -239,7 +231,8 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
     load         `load_masks` of as many masks as one call loads (`Planner.load_masks`), resuming from the
                  unablated prefix
     insert       `insert_rows` starting rows in mask slots: `inserted` (slots, rows in each; default all of them)
-    decode_<s>   `decode` of `CHUNK_STEPS` steps reading `s` cache entries (`generation_spans`)
+    decode       `decode` of `generation_kernels.CHUNK_STEPS` steps reading every block of the rows' caches (a
+                 call reading fewer holds less: each block is read where it lies)
 
   peak: the largest; state: the state's own bytes."""
   c, sds, i32 = config, jax.ShapeDtypeStruct, jnp.int32
@@ -274,12 +267,10 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
   result["insert"] = call(insert_fn, state, sds((filled,), i32), sds((filled, inserted), i32),
                           sds((filled, inserted, suffix), i32), sds((filled, inserted), i32),
                           alive=("unablated", "tables", "weights"), pad_id=0)
-  decode_fn = jit(functools.partial(generation_kernels.decode, module, c, dtype=dtype), static_argnames=("steps",
-                                                                                                         "span"),
-                  donate_argnums=(1,))
-  for span in generation_spans(cache):
-    result[f"decode_{span}"] = call(decode_fn, state, *tables, sds((), i32), alive=("unablated", "weights"),
-                                    given=weights, steps=CHUNK_STEPS, span=span)
+  decode_fn = jit(functools.partial(generation_kernels.decode, module, c, dtype=dtype),
+                  static_argnames=("steps", "blocks"), donate_argnums=(1,))
+  result["decode"] = call(decode_fn, state, *tables, sds((), i32), alive=("unablated", "weights"), given=weights,
+                          steps=generation_kernels.CHUNK_STEPS, blocks=len(generation_kernels.cache_blocks(cache)))
   result["peak"] = max(result.values())
   result["state"] = held["state"]
   return result

@@ -20,7 +20,6 @@ from jaxloc.bench import decode_cost, memory
 from jaxloc.engine import batching, generation_kernels, planner
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
-from jaxloc.engine.generator import CHUNK_STEPS
 from jaxloc.localize import methods
 from jaxloc.localize.localization import localize
 from jaxloc.localize.settings import LocalizeSettings
@@ -135,13 +134,14 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   params = (memory.decode_params(config, compile_dtype) if layout.held_layers
             else memory._params(config, compile_dtype))  # noqa: SLF001  (the abstract parameter tree of memory.py)
   decode = jax.jit(functools.partial(generation_kernels.decode, module, config, dtype=compile_dtype),
-                   static_argnames=("steps", "span"), donate_argnums=(1,))
+                   static_argnames=("steps", "blocks"), donate_argnums=(1,))
   state = generation_kernels.slot_shapes(config, compile_dtype, slots=slots, rows=rows, prefix=prefix,
                                          cache=suffix + new,
                                  new=new)
   costs = _costs(decode.lower(params, state, sds((2,), jnp.int32), sds((config.vocab_size, job.stop_states), jnp.int32),
                               sds((config.vocab_size, job.stop_states), jnp.bool_), sds((), jnp.int32),
-                              steps=CHUNK_STEPS, span=suffix + new).compile())
+                              steps=generation_kernels.CHUNK_STEPS,
+                              blocks=len(generation_kernels.cache_blocks(suffix + new))).compile())
   step = decode_cost.step_cost(config, compile_dtype, slots, rows, prefix, suffix + new, new, top=0,
                                held_layers=layout.held_layers)
   generation_seconds = time.perf_counter() - start

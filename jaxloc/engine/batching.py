@@ -47,15 +47,6 @@ def bucket_pow2(n: int) -> int:
   return 1 << max(0, (max(n, 1) - 1).bit_length())
 
 
-def bucket_coarse_below(n: int) -> int:
-  """The largest size of `bucket_coarse`'s ladder under n (0 when none is)."""
-  below, size = 0, 16
-  while size < n:
-    below = size
-    size = bucket_coarse(size + 1)
-  return below
-
-
 def floor_pow2(n: int) -> int:
   """The largest power of two at most n (1 for n < 2)."""
   return 1 << max(0, max(n, 1).bit_length() - 1)

@@ -5,14 +5,17 @@ generation job that compiles them and drives them between chunks is `generator.p
 Axes: `slots` Ms (masks decoded at once; each holds one mask and its prefix's keys/values), `rows` Rs (row slots of a
 mask slot, each a (mask, prompt) pair of that mask), `prefix` P (the prompts' shared token prefix, right-padded),
 `suffix` S (a row's prompt after the prefix, right-padded), `cache` C (a row's own keys/values: its suffix, then its
-new tokens), `span` (the part of C a chunk reads), `new` T (tokens a row may emit), `filled` Mi (mask slots an insert
-starts rows in), `inserted` Ri (rows it starts in each), `layers` L, `kv_heads` K, `head_dim` Dh, `embed` D, `vocab` V,
-`states` Q (of the stop-string automaton, `stops.py`).
+new tokens, held in blocks of positions, `cache_blocks`), `new` T (tokens a row may emit), `steps` (of a decode call),
+`filled` Mi (mask slots an insert starts rows in), `inserted` Ri (rows it starts in each), `layers` L, `kv_heads` K,
+`head_dim` Dh, `embed` D, `vocab` V, `states` Q (of the stop-string automaton, `stops.py`).
 
-A decode step's attention reads the mask's prefix keys/values once for all of that mask's rows, and each row's own
-cache up to `span` (`layers.Attention`: one softmax over the prefix, the row's cache and the token itself). Keys and
-values of the prefix come from one prefill per mask (`load_masks`); below the first layer a mask ablates they are
-the unablated model's, computed once for all masks (`unablated_prefix`).
+A decode step's attention reads the mask's prefix keys/values once for all of that mask's rows, each row's own
+cache in the blocks its live rows have filled, and the keys/values of the call's own earlier steps
+(`layers.Attention`: one softmax over the prefix, the row's blocks, its new entries and the token itself). Each block
+is an array of its own, so a call reads as many as it needs where they lie (a slice of one array would be copied
+first); a call writes its new entries into the blocks once, after its last step. Keys and values of the prefix come
+from one prefill per mask (`load_masks`); below the first layer a mask ablates they are the unablated model's,
+computed once for all masks (`unablated_prefix`).
 """
 
 from __future__ import annotations
@@ -22,14 +25,22 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import DTypeLike
 
-from jaxloc.engine import batching
-from jaxloc.models.config import ModelConfig
+from jaxloc.models.config import NO_WINDOW, ModelConfig
 from jaxloc.models.decoder import Ablation, OutputSpec, Resume, greedy_tokens, layer_params
 from jaxloc.models.layers import Context
 
 Array = jax.Array
+
+# `window_skip`'s granularity, in prefix entries.
+WINDOW_SKIP_STEP = 128
+# Decode steps per call: a row that ends mid-call idles for the rest of it; the host refills between calls.
+CHUNK_STEPS = 16
+# A row's cache is held in blocks of at least CACHE_BLOCK positions, at most MAX_CACHE_BLOCKS of them (`cache_blocks`).
+CACHE_BLOCK = 64
+MAX_CACHE_BLOCKS = 8
 
 
 @dataclasses.dataclass
@@ -39,9 +50,10 @@ class Slots:
   ablation: the mask slots' masks (head_mask [Ms, L, H], neuron_mask [Ms, L, F], 1 keep) with their fills.
   prefix_len: int32 scalar, the real tokens of the P-wide prefix; prefix_k [L, Ms, P, K, Dh], prefix_v
   [L, Ms, K, Dh, P] (as a `Context` holds them).
-  cache_k, cache_v: each row's own keys/values, per layer (L arrays, apart, so that a decode step reads each layer's
-  where it lies: `Transformer.unrolled`), keys [Ms, Rs, K, Dh, C] and values [Ms, Rs, K, C, Dh] (the layouts its
-  matmuls read, `layers.Context`); length [Ms, Rs]: how many are filled.
+  cache_k, cache_v: each row's own keys/values, per layer (L tuples, apart, so that a decode step reads each layer's
+  where it lies: `Transformer.unrolled`), each a tuple of blocks of positions (`cache_blocks`), keys [Ms, Rs, K, Dh,
+  width] and values [Ms, Rs, K, width, Dh] (the layouts its matmuls read, `layers.Context`); length [Ms, Rs]: how
+  many positions are filled.
   current [Ms, Rs]: the token a row feeds next (emitted by the step that feeds it); tokens [Ms, Rs, T]: emitted so
   far, `count` [Ms, Rs] of them; done [Ms, Rs]: the row emits nothing more; automaton [Ms, Rs]: its stop-string state.
   """
@@ -50,8 +62,8 @@ class Slots:
   prefix_len: Array
   prefix_k: Array
   prefix_v: Array
-  cache_k: tuple[Array, ...]
-  cache_v: tuple[Array, ...]
+  cache_k: tuple[tuple[Array, ...], ...]
+  cache_v: tuple[tuple[Array, ...], ...]
   length: Array
   current: Array
   tokens: Array
@@ -63,6 +75,20 @@ class Slots:
 jax.tree_util.register_dataclass(Slots, data_fields=[f.name for f in dataclasses.fields(Slots)], meta_fields=[])
 
 
+def cache_blocks(cache: int) -> tuple[int, ...]:
+  """The widths of the blocks a `cache`-wide row cache is held in: CACHE_BLOCK positions each, or more where that
+  would make over MAX_CACHE_BLOCKS blocks (a call reads a block with one product per layer), the last one narrower
+  where the cache ends."""
+  width = max(CACHE_BLOCK, -(-cache // MAX_CACHE_BLOCKS))
+  return tuple(min(width, cache - start) for start in range(0, cache, width))
+
+
+def read_blocks(filled: int, cache: int) -> int:
+  """How many leading blocks of a `cache`-wide row cache (`cache_blocks`) hold its first `filled` positions."""
+  ends = np.cumsum(cache_blocks(cache))
+  return int(np.searchsorted(ends, filled)) + 1 if filled else 0
+
+
 def slot_shapes(config: ModelConfig, dtype: DTypeLike, *, slots: int, rows: int, prefix: int, cache: int, new: int,
                 heads: bool = True, neurons: bool = False, head_fill: bool = False, neuron_fill: bool = False) -> Slots:
   """A `Slots` of `jax.ShapeDtypeStruct`s: a job's state as shapes, to compile its calls ahead of time (and read
@@ -72,8 +98,11 @@ def slot_shapes(config: ModelConfig, dtype: DTypeLike, *, slots: int, rows: int,
   shape: Callable[..., Any] = jax.ShapeDtypeStruct  # shapes stand in for the arrays of a `Slots` (a pytree)
   prefix_k = shape((c.num_layers, slots, prefix, c.num_kv_heads, c.head_dim), dtype)
   prefix_v = shape((c.num_layers, slots, c.num_kv_heads, c.head_dim, prefix), dtype)
-  own_k = tuple(shape((slots, rows, c.num_kv_heads, c.head_dim, cache), dtype) for _ in range(c.num_layers))
-  own_v = tuple(shape((slots, rows, c.num_kv_heads, cache, c.head_dim), dtype) for _ in range(c.num_layers))
+  widths = cache_blocks(cache)
+  own_k = tuple(tuple(shape((slots, rows, c.num_kv_heads, c.head_dim, w), dtype) for w in widths)
+                for _ in range(c.num_layers))
+  own_v = tuple(tuple(shape((slots, rows, c.num_kv_heads, w, c.head_dim), dtype) for w in widths)
+                for _ in range(c.num_layers))
   per_row = lambda d: shape((slots, rows), d)  # noqa: E731
   ablation = Ablation(shape((slots, c.num_layers, c.num_heads), dtype) if heads else None,
                       shape((c.num_layers, c.num_heads, c.head_dim), dtype) if heads and head_fill else None,
@@ -175,23 +204,36 @@ def insert_rows(module: Any, config: ModelConfig, params: Any, state: Slots, slo
   last = jnp.take_along_axis(out.hidden, jnp.maximum(lengths - 1, 0)[..., None, None], axis=2)[:, :, 0]
   first = greedy_tokens(config, params, last)
   at = lambda a: a.at[mi, row]  # noqa: E731  [Mi, Ri] entries of a [Ms, Rs, ...] array
+  starts = np.cumsum((0,) + tuple(b.shape[-1] for b in state.cache_k[0]))
+
+  def into(blocks: tuple[Array, ...], new: Array, axis: int) -> tuple[Array, ...]:  # new [Mi, Ri, W, K, Dh]
+    out = []
+    for block, start in zip(blocks, starts):
+      part = new[:, :, start:min(width, start + block.shape[axis])]  # the suffix's positions in this block
+      if part.shape[2]:
+        index = (slice(None),) * (axis - 2) + (slice(0, part.shape[2]),)
+        block = block.at[(mi, row) + index].set(jnp.moveaxis(part, 2, axis), mode="drop")
+      out.append(block)
+    return tuple(out)
+
   return dataclasses.replace(
-      state, cache_k=tuple(c.at[mi, row, :, :, :width].set(jnp.moveaxis(k, 2, 4), mode="drop")  # [Mi, Ri, K, Dh, W]
-                           for c, k in zip(state.cache_k, out.k)),
-      cache_v=tuple(c.at[mi, row, :, :width].set(jnp.swapaxes(v, 2, 3), mode="drop")  # [Mi, Ri, K, W, Dh]
-                    for c, v in zip(state.cache_v, out.v)),
+      state, cache_k=tuple(into(c, k, 4) for c, k in zip(state.cache_k, out.k)),  # blocks [Mi, Ri, K, Dh, width]
+      cache_v=tuple(into(c, v, 3) for c, v in zip(state.cache_v, out.v)),  # blocks [Mi, Ri, K, width, Dh]
       length=at(state.length).set(lengths, mode="drop"), current=at(state.current).set(first, mode="drop"),
       tokens=at(state.tokens).set(pad_id, mode="drop"), count=at(state.count).set(0, mode="drop"),
       done=at(state.done).set(False, mode="drop"), automaton=at(state.automaton).set(0, mode="drop"))
 
 
-def decode_span(needed: int, cache: int) -> int:
-  """The span a decode chunk reads of each row's `cache`-wide cache when its live rows need `needed` entries: the
-  whole cache, unless a size of `batching.bucket_coarse`'s ladder at most a third of the cache covers them. A span
-  below the cache is a slice, which XLA copies before the attention's matmuls (every layer's at once): a sliced read
-  moves three times the span, a whole read the cache once."""
-  span = batching.bucket_coarse(needed)
-  return span if 3 * span <= cache else cache
+def window_skip(config: ModelConfig, prefix: int, first_position: int) -> int:
+  """Entries at the front of the P = `prefix`-wide prefix that no sliding-window layer's query at `first_position`
+  or later sees (a query at p sees keys at positions > p - window), floored to a multiple of `WINDOW_SKIP_STEP` (so
+  a job compiles few decode calls): a decode chunk whose live rows' next tokens are at `first_position` or later
+  leaves them out of those layers' attention (`decode`'s `skip`). 0 without sliding layers, and where fewer than a
+  step would go; always short of the whole prefix."""
+  if not config.has_sliding_layers:
+    return 0
+  unseen = min(first_position - config.sliding_window + 1, prefix - 1)
+  return max(0, unseen // WINDOW_SKIP_STEP * WINDOW_SKIP_STEP)
 
 
 def decode_layers(config: ModelConfig, params: Any) -> tuple[Any, ...]:
@@ -204,14 +246,19 @@ def decode_layers(config: ModelConfig, params: Any) -> tuple[Any, ...]:
 
 
 def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids: Array, stop_next: Array,
-           stop_hit: Array, budget: Array, *, steps: int, span: int, dtype: DTypeLike) -> Slots:
-  """Up to `steps` greedy steps of every live row (fewer once all are done), reading each row's cache up to `span`.
+           stop_hit: Array, budget: Array, *, steps: int, blocks: int, dtype: DTypeLike, skip: int = 0) -> Slots:
+  """Up to `steps` greedy steps of every live row (fewer once all are done), reading the first `blocks` blocks of
+  each row's cache, and the prefix from entry `skip` on in sliding-window layers (full layers read all of it).
 
   params: the model's, `params["layers"]` as `decode_layers` lays them out (once per job), or stacked [L, ...] (then
   laid out here, once per call, before the loop).
   A step emits each live row's current token, ends the row on EOS (eos_ids [E]), a stop string (stop_next, stop_hit
   [V, Q], `stops.stop_tables`) or its `budget`-th token (int32 scalar, at most T), and feeds the token through the
-  model to pick the next. The caller picks `span` at least every live row's length + steps.
+  model to pick the next. The call's new keys/values go into a buffer of `steps` entries per row, which its later
+  steps read after the blocks, and into the blocks once the loop ends. The caller picks `blocks` to hold every live
+  row's filled positions (`read_blocks`), and `skip` at most `window_skip` of the live rows' first position: the
+  entries skipped are those every live row's window has passed (positions only grow within a call), so a sliding
+  layer's attention leaves out only prefix keys it would mask.
   """
   if not isinstance(params["layers"], tuple):
     params = dict(params, layers=decode_layers(config, params))
@@ -219,10 +266,18 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
   emitted = state.tokens.shape[2]
   mi, ri = jnp.arange(slots)[:, None], jnp.arange(rows)[None, :]
   stacked = prefix_context(state)
-  # Each layer's prefix apart, once per call: a step reads each where it lies.
-  context = None if stacked is None else tuple(Context(stacked.k[layer], stacked.v[layer], stacked.valid,
-                                                       stacked.positions) for layer in range(config.num_layers))
-  positions = (state.prefix_len + jnp.arange(span))[None, None]
+  # Each layer's prefix apart, once per call (a sliding layer's from entry `skip`): a step reads each where it lies.
+  front = tuple(skip if window != NO_WINDOW else 0 for window in config.layer_windows()) or (0,) * config.num_layers
+  context = None if stacked is None else tuple(
+      Context(stacked.k[layer][:, at:], stacked.v[layer][..., at:], stacked.valid[..., at:],
+              stacked.positions[..., at:]) for layer, at in enumerate(front))
+  # The blocks read, fixed for the call: each row's positions filled before it, every layer's block b alike.
+  filled = state.length
+  starts = np.cumsum((0,) + tuple(b.shape[-1] for b in state.cache_k[0]))
+  seen = tuple((start + jnp.arange(b.shape[-1]) < filled[..., None], (state.prefix_len + start + jnp.arange(
+      b.shape[-1]))[None, None]) for start, b in zip(starts, state.cache_k[0][:blocks]))
+  new_positions = state.prefix_len + filled[..., None] + jnp.arange(steps)
+  kv_heads, head_dim = state.prefix_k.shape[3], state.prefix_k.shape[4]
   Carry = tuple[Array, tuple[Array, ...], tuple[Array, ...], Slots]
 
   def cond(carry: Carry) -> Array:
@@ -236,22 +291,42 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
     done = (s.done | (s.current[..., None] == eos_ids).any(-1) | stop_hit[s.current, s.automaton]
             | (count >= budget))
     automaton = stop_next[s.current, s.automaton]
-    # `valid` is `span` wide: each layer's attention reads the first `span` entries of its cache (`layers.Attention`).
-    valid = jnp.arange(span)[None, None] < s.length[..., None]
-    cache = tuple(Context(lk, lv, valid, positions) for lk, lv in zip(k, v))
+    # This call's entries so far: a row live since the call began wrote one at each step, an ended row none since.
+    written = jnp.arange(steps)[None, None] < (s.length - filled)[..., None]
+    cache = tuple(tuple(Context(bk, bv, valid, positions) for bk, bv, (valid, positions) in zip(lk, lv, seen))
+                  + (Context(nk, nv, written, new_positions),)
+                  for lk, lv, nk, nv in zip(state.cache_k, state.cache_v, k, v))
     out = module.apply({"params": params}, s.current[..., None], (s.prefix_len + s.length)[..., None],
                        ablation=s.ablation, context=context, cache=cache, outputs=OutputSpec(kv=True), dtype=dtype)
-    # The new keys/values are written once the step has read every cache: so the writes are in place (without this
-    # order XLA copies each layer's whole cache before writing it, as nothing orders the reads first).
+    # The new keys/values are written once the step has read every buffer: so the writes are in place (without this
+    # order XLA copies each layer's whole buffer before writing it, as nothing orders the reads first).
     hidden, new_k, new_v = jax.lax.optimization_barrier((out.hidden, out.k, out.v))
-    k = tuple(lk.at[mi, ri, :, :, s.length].set(new[:, :, 0], mode="drop") for lk, new in zip(k, new_k))
-    v = tuple(lv.at[mi, ri, :, s.length].set(new[:, :, 0], mode="drop") for lv, new in zip(v, new_v))
+    k = tuple(nk.at[:, :, :, :, step].set(new[:, :, 0]) for nk, new in zip(k, new_k))
+    v = tuple(nv.at[:, :, :, step].set(new[:, :, 0]) for nv, new in zip(v, new_v))
     following = greedy_tokens(config, params, hidden[:, :, 0])
     s = dataclasses.replace(s, length=s.length + ~done, current=jnp.where(done, s.current, following),
                             tokens=tokens, count=count, done=done, automaton=automaton)
     return step + 1, k, v, s
 
-  # The loop carries each cache once (the state's own fields, None here, are not arrays for that while).
+  dtype_kv = state.prefix_k.dtype
+  new_k = tuple(jnp.zeros((slots, rows, kv_heads, head_dim, steps), dtype_kv) for _ in range(config.num_layers))
+  new_v = tuple(jnp.zeros((slots, rows, kv_heads, steps, head_dim), dtype_kv) for _ in range(config.num_layers))
+  # The loop carries only its own entries (the state's blocks, None here, are read, not carried).
   rest = dataclasses.replace(state, cache_k=None, cache_v=None)  # type: ignore[arg-type]
-  _, k, v, rest = jax.lax.while_loop(cond, body, (jnp.int32(0), state.cache_k, state.cache_v, rest))
-  return dataclasses.replace(rest, cache_k=k, cache_v=v)
+  _, new_k, new_v, rest = jax.lax.while_loop(cond, body, (jnp.int32(0), new_k, new_v, rest))
+  # Each row's entries of this call, at positions filled + j for j < the entries it wrote, into the blocks.
+  target = filled[..., None] + jnp.arange(steps)
+  wrote = jnp.arange(steps)[None, None] < (rest.length - filled)[..., None]
+  m3, r3 = mi[..., None], ri[..., None]
+
+  def flush(layer_blocks: tuple[Array, ...], new: Array, axis: int) -> tuple[Array, ...]:  # new [Ms, Rs, steps, K, Dh]
+    out = []
+    for block, start in zip(layer_blocks, starts):
+      index = target - start
+      index = jnp.where(wrote & (index >= 0) & (index < block.shape[axis]), index, block.shape[axis])  # else dropped
+      out.append(block.at[(m3, r3) + (slice(None),) * (axis - 2) + (index,)].set(new, mode="drop"))
+    return tuple(out)
+
+  return dataclasses.replace(rest, cache_k=tuple(flush(b, jnp.moveaxis(n, 4, 2), 4)
+                                                 for b, n in zip(state.cache_k, new_k)),
+                             cache_v=tuple(flush(b, jnp.moveaxis(n, 3, 2), 3) for b, n in zip(state.cache_v, new_v)))

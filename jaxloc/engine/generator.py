@@ -3,12 +3,13 @@
 Axes as in `generation_kernels.py`: `masks` M, `requests` R; a job decodes Ms masks at once in mask slots, each with Rs
 row slots of (mask, prompt) pairs. The prompts' longest shared token prefix (a task's few-shot examples) is prefilled
 once per mask slot and kept there; each row keeps only its own suffix and new tokens. Decoding runs in chunks of
-`CHUNK_STEPS` steps; between chunks the host takes the tokens of rows that ended (EOS, a stop string, the token
-budget) and fills their row slots from their mask's queue of pending prompts (one queue per mask, shared by every
-slot holding it), prefilling each prompt at its own width (`Generator._insert`). A mask slot whose rows have all
-ended and whose mask has no prompt left takes the next mask, or, once every mask has started, a mask whose prompts are
-still pending (`assign_masks`): a call stays full until the work runs out. A chunk reads each row's cache up to a
-bucketed span of the longest live row where that span is short (`generation_kernels.decode_span`).
+`generation_kernels.CHUNK_STEPS` steps; between chunks the host takes the tokens of rows that ended (EOS, a stop
+string, the token budget) and fills their row slots from their mask's queue of pending prompts (one queue per mask,
+shared by every slot holding it), prefilling each prompt at its own width (`Generator._insert`). A mask slot whose
+rows have all ended and whose mask has no prompt left takes the next mask, or, once every mask has started, a mask
+whose prompts are still pending (`assign_masks`): a call stays full until the work runs out. A chunk reads the blocks
+of each row's cache that its longest live row has filled (`generation_kernels.read_blocks`), and a sliding-window
+layer's prefix from the first entry some live row still sees (`generation_kernels.window_skip`).
 
 How many slots fit comes from the planner's estimate (`Planner.generation_slots`); where that estimate comes near the
 memory budget, the decode call is compiled ahead of time and XLA's own `memory_analysis()` decides (the executable is
@@ -42,8 +43,6 @@ from jaxloc.models.decoder import Ablation
 
 log = logging.getLogger(__name__)
 
-# Decode steps per call: a row that ends mid-chunk idles for the rest of it; the host refills between chunks.
-CHUNK_STEPS = 16
 # XLA's memory analysis is consulted where the planner's estimate exceeds this share of the budget.
 MEASURE_ABOVE = 0.5
 
@@ -112,7 +111,7 @@ class Generator:
                                  static_argnames=("pad_id",), donate_argnums=(1,))
     self._layers_fn = shared.jit(functools.partial(generation_kernels.decode_layers, config))
     self._decode_fn = shared.jit(functools.partial(generation_kernels.decode, module, config, dtype=dtype),
-                                 static_argnames=("steps", "span"), donate_argnums=(1,))
+                                 static_argnames=("steps", "blocks", "skip"), donate_argnums=(1,))
     self.jitted = (self._prefix_fn, self._load_fn, self._insert_fn, self._layers_fn, self._decode_fn)
     self._stop_cache: dict[tuple[str, ...], tuple[jax.Array, ...]] = {}
     self._token_strings: list[str] | None = None
@@ -154,7 +153,8 @@ class Generator:
                           None if ablation.neuron_mask is None else along(0),
                           None if ablation.neuron_fill is None else replicated),
         prefix_len=replicated, prefix_k=along(1), prefix_v=along(1),
-        cache_k=tuple(along(0) for _ in state_like.cache_k), cache_v=tuple(along(0) for _ in state_like.cache_v),
+        cache_k=tuple(tuple(along(0) for _ in layer) for layer in state_like.cache_k),
+        cache_v=tuple(tuple(along(0) for _ in layer) for layer in state_like.cache_v),
         length=along(0), current=along(0), tokens=along(0), count=along(0), done=along(0), automaton=along(0))
 
   def _abstract(self, job: Job, masks: Masks, fill: Fills) -> generation_kernels.Slots:
@@ -204,7 +204,7 @@ class Generator:
   def _layout(self, key: Hashable, masks: Masks, fill: Fills, num_masks: int, num_docs: int, prefix: int,
               suffix: int, new: int, tables: tuple[jax.Array, ...], eos_ids: jax.Array) -> GenerationSlots:
     """The planner's slots for this job's shapes; where its estimate comes near the budget, XLA's memory analysis of
-    the compiled decode call (its largest span) confirms it, or the layout lets go of its held layers, then shrinks
+    the compiled decode call (reading every block) confirms it, or the layout lets go of its held layers, then shrinks
     (`Planner.smaller`), until XLA measures one under the budget (each executable is kept, and the chosen one runs
     the job). XLA measures the decode call only: where the layers are held, an insert can hold more (the planner's
     estimate covers both, `benchmark_memory --parts=generation`)."""
@@ -218,7 +218,8 @@ class Generator:
         abstract = self._abstract(Job(layout, 1, prefix, suffix, new), masks, fill)
         weights = self._weights(layout, abstract=True)
         executable = self._decode_fn.executable(*self._decode_args(weights, abstract, tables, eos_ids),
-                                                steps=CHUNK_STEPS, span=suffix + new)
+                                                steps=generation_kernels.CHUNK_STEPS,
+                                                blocks=len(generation_kernels.cache_blocks(suffix + new)))
         # Laid-out layers the job holds are its own copy: they count, the model's parameters do not.
         resident = {k: v for k, v in weights.items() if k != "layers" or not layout.held_layers}
         measured = xla_bytes(executable, resident)
@@ -300,9 +301,10 @@ class Generator:
       state = self._insert(state, job, suffixes, queues, live, doc_of, length)
       if not live.any():
         break
-      span = generation_kernels.decode_span(int(length[live].max()) + CHUNK_STEPS, job.cache)
+      blocks = generation_kernels.read_blocks(int(length[live].max()), job.cache)
+      skip = generation_kernels.window_skip(c, job.prefix, job.prefix_len + int(length[live].min()))
       args = self._decode_args(weights, state, tables, eos_ids)[:-1] + (budget,)
-      state = self._decode_fn.executable(*args, steps=CHUNK_STEPS, span=span)(*args)
+      state = self._decode_fn.executable(*args, steps=generation_kernels.CHUNK_STEPS, blocks=blocks, skip=skip)(*args)
       shared.stats.calls += 1
       done, count, length = (np.array(to_host(a)) for a in (state.done, state.count, state.length))
       ended = live & done

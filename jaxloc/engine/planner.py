@@ -29,6 +29,7 @@ from jax.typing import DTypeLike
 
 from jaxloc.engine.batching import bucket_pow2, floor_pow2
 from jaxloc.engine.config import EngineConfig
+from jaxloc.engine.generation_kernels import CHUNK_STEPS
 from jaxloc.errors import UserError
 from jaxloc.models.config import ModelConfig
 
@@ -320,8 +321,9 @@ class Planner:
     streams, keys and values of every layer: masks resume above their first ablated layer from it), the stop-string
     automaton's tables ([vocab, stop_states], int32 and bool). Within a call, the larger of: a decode chunk (its own
     copy of the laid-out weights where the job holds none, live through the logits too; its copy of the prefix
-    keys/values, each layer's apart; one layer's caches copied, every layer's cache sliced to a short span; one
-    token per row attending to the prefix and its cache: three float32 copies of the scores) and an insert
+    keys/values, each layer's apart; one layer's caches copied; the call's own new keys/values, `CHUNK_STEPS` a row
+    in every layer, and their copy laid out for the cache's blocks; one token per row attending to the prefix, its
+    cache and the call's new entries: three float32 copies of the scores) and an insert
     (`insert_call` of the widest prompts and of the narrowest: as a scoring call's prefill, plus the inserted rows'
     keys/values of every layer before they go into the cache, and the filled slots' prefix keys/values gathered).
 
@@ -330,14 +332,14 @@ class Planner:
     c = self.model
     kv = 2 * c.num_kv_heads * c.head_dim * self.dtype_bytes  # one token's keys and values in one layer
     cache = suffix + new
-    # A chunk reading a span below the cache holds every layer's cache sliced to it: at most a third of the caches
-    # (`generation.decode_span`).
-    spans = c.num_layers * slots * rows * (cache // 3) * kv
+    # A decode call's new keys/values, kept apart until its last step, then laid out as the blocks take them
+    # (`generation_kernels.decode`): twice.
+    recent = 2 * c.num_layers * slots * rows * CHUNK_STEPS * kv
     weights = c.num_layers * layer_weight_bytes(c, self.dtype_bytes)
     # A decode call's own copy of the prefix keys/values, each layer's apart (`generation_kernels.decode`).
-    decode = (self.activation_bytes(slots, rows, 1, 0, 1) + (0 if held_layers else weights) + spans
+    decode = (self.activation_bytes(slots, rows, 1, 0, 1) + (0 if held_layers else weights) + recent
               + c.num_layers * slots * prefix * kv
-              + 3 * 4 * slots * rows * c.num_heads * (prefix + cache) + slots * rows * cache * kv)
+              + 3 * 4 * slots * rows * c.num_heads * (prefix + cache + CHUNK_STEPS + 1) + slots * rows * cache * kv)
 
     def insert(width: int) -> int:
       # The scoring formula's prefill, less its prefix keys/values (the state holds them), 5% over: OLMo-2's insert

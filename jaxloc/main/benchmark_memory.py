@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from jaxloc import cli, files
 from jaxloc.bench import decode_cost, memory
+from jaxloc.engine import generation_kernels
 from jaxloc.config import setting
 from jaxloc.errors import UserError
 from jaxloc.models.loading import load_model
@@ -168,7 +169,8 @@ def generation(config: BenchmarkMemoryConfig) -> list[dict]:
 
 def decode_step(config: BenchmarkMemoryConfig) -> list[dict]:
   """One decode step of the GSM8K-like job at `decode_preset`'s 80 GB layout: XLA's bytes against the floor, at the
-  whole cache and the largest span below it; on a CPU in float32, for both of its graphs."""
+  whole cache and at its first half of blocks (`generation_kernels.cache_blocks`); on a CPU in float32, for both of
+  its graphs."""
   model = PRESETS[config.decode_preset]
   shape = memory.GSM8K_GENERATION
   prefix, suffix, new = shape.widths
@@ -180,9 +182,10 @@ def decode_step(config: BenchmarkMemoryConfig) -> list[dict]:
   print(f"\ndecode step of {config.decode_preset}, {shape.name} ({jnp.dtype(dtype).name}; weights read once, the "
         "prefix once per mask slot and each row's cache to the span is the floor; goal: within 1.5x)")
   results = []
-  for span in memory.generation_spans(suffix + new):
+  every = len(generation_kernels.cache_blocks(suffix + new))
+  for blocks in sorted({every, max(1, every // 2)}, reverse=True):
     for graph, options in graphs.items():
-      cost = decode_cost.step_cost(model, dtype, plan.slots, plan.rows, prefix, suffix + new, new, span=span,
+      cost = decode_cost.step_cost(model, dtype, plan.slots, plan.rows, prefix, suffix + new, new, blocks=blocks,
                                    compiler_options=options, held_layers=plan.held_layers)
       cost.update(preset=config.decode_preset, graph=graph)
       results.append(cost)

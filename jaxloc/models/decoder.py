@@ -146,9 +146,9 @@ class LayerInputs:
   index: int [L], the layer's number. head_mask: [L, M, K, G]; head_fill: [L, K, G, Dh] or [L, R, S, K, G, Dh];
   neuron_mask: [L, M, F]; neuron_fill: [L, F] or [L, R, S, F] (`Ablation`, laid out per layer). context_k
   [L, M, C, K, Dh], context_v [L, M, K, Dh, C] (`Context` shared by a mask's requests; set per layer by
-  `Transformer.unrolled` where the context comes one `Context` per layer); cache_k [M, R, K, Dh, C'], cache_v
-  [M, R, K, C', Dh]: this layer's decoding cache (each request's own `Context`), set per layer by
-  `Transformer.unrolled`, never stacked.
+  `Transformer.unrolled` where the context comes one `Context` per layer); cache_k, cache_v: this layer's decoding
+  cache (each request's own), a tuple of blocks (keys [M, R, K, Dh, C'], values [M, R, K, C', Dh], `Context`), set
+  per layer by `Transformer.unrolled`, never stacked.
   window: int [L], how far back each layer's queries see (`ModelConfig.layer_windows`; None when no layer slides).
   rope: int [L], each layer's rotary table in `SharedInputs.cos`/`sin` (None when every layer uses the first).
   """
@@ -160,8 +160,8 @@ class LayerInputs:
   neuron_fill: Array | None = None
   context_k: Array | None = None
   context_v: Array | None = None
-  cache_k: Array | None = None
-  cache_v: Array | None = None
+  cache_k: tuple[Array, ...] | None = None
+  cache_v: tuple[Array, ...] | None = None
   window: Array | None = None
   rope: Array | None = None
 
@@ -200,7 +200,8 @@ class SharedInputs:
   cos, sin: [T, M|1, R|1, S, Dh] rotary tables, one per rope (`ModelConfig.ropes`); positions: int [M|1, R|1, S];
   segments: int [M|1, R|1, S] or None (`Transformer.__call__`); neuron_where: bool [M|1, R|1, S] or None
   (`Ablation`); context_valid: bool [M, R|1, C] and context_positions: int [M|1, R|1, C], or None (`Context`);
-  cache_valid: bool [M, R, C'] and cache_positions: int [M|1, R|1, C'], or None (the decoding cache's `Context`);
+  cache_valid: bool [M, R, C'] and cache_positions: int [M|1, R|1, C'] of each block of the decoding cache (tuples,
+  as `LayerInputs.cache_k`), or None;
   start_layer: int32 scalar or None (`Resume`).
   """
 
@@ -211,8 +212,8 @@ class SharedInputs:
   neuron_where: Array | None = None
   context_valid: Array | None = None
   context_positions: Array | None = None
-  cache_valid: Array | None = None
-  cache_positions: Array | None = None
+  cache_valid: tuple[Array, ...] | None = None
+  cache_positions: tuple[Array, ...] | None = None
   start_layer: Array | None = None
   mask_starts: Array | None = None
   start_residuals: Array | None = None
@@ -283,9 +284,9 @@ class DecoderLayer(nn.Module):
     context = None
     if layer.context_k is not None:
       context = Context(layer.context_k, layer.context_v, shared.context_valid, shared.context_positions)
-    cache = None
+    cache: tuple[Context, ...] = ()
     if layer.cache_k is not None:
-      cache = Context(layer.cache_k, layer.cache_v, shared.cache_valid, shared.cache_positions)
+      cache = tuple(map(Context, layer.cache_k, layer.cache_v, shared.cache_valid, shared.cache_positions))
     rope = 0 if layer.rope is None else layer.rope
     attn_out, head_out, k, v, probs = self.attn(self.attn_norm(x) if cfg.pre_norm else x, shared.cos[rope], shared.sin[rope],
                                          layer.head_mask, layer.head_fill, context, shared.segments, shared.positions,
@@ -339,17 +340,18 @@ class Transformer(nn.Module):
   def __call__(self, tokens: Array, positions: Array, *, ablation: Ablation | None = None,
                context: Context | tuple[Context, ...] | None = None, segments: Array | None = None,
                start: Resume | None = None, outputs: OutputSpec = OutputSpec(), dtype: Any = None,
-               cache: tuple[Context, ...] | None = None) -> ModelOutput:
+               cache: tuple[tuple[Context, ...], ...] | None = None) -> ModelOutput:
     """Runs the decoder.
 
     tokens: int [M, R, S]. positions: int [M|1, R|1, S], absolute positions (after any context).
     ablation: head and/or neuron masks with their fill values (`Ablation`), or None for the unablated model.
     context: keys [L, M, C, K, Dh] and values [L, M, K, Dh, C] visible to every request, with `valid` [M, R|1, C];
-      with a cache, also one `Context` per layer (each layer's keys and values where they lie, every layer with the
-      same `valid` and positions).
-    cache: each request's own keys/values (a decoding cache), one `Context` per layer (keys [M, R, K, Dh, C'], values
-      [M, R, K, C', Dh], every layer with the same `valid` [M, R, C'] and positions); a token attends to the context,
-      then its cache, then the tokens of this call. With a cache the layers run unrolled (`unrolled`).
+      with a cache, also one `Context` per layer (each layer's keys, values, `valid` and positions where they lie: a
+      sliding-window layer's may leave out the front its queries no longer see, `generation_kernels.decode`).
+    cache: each request's own keys/values (a decoding cache), per layer a tuple of blocks of positions, each a
+      `Context` (keys [M, R, K, Dh, C'], values [M, R, K, C', Dh]; block b of every layer with the same `valid`
+      [M, R, C'] and positions); a token attends to the context, then its cache, then the tokens of this call. With a
+      cache the layers run unrolled (`unrolled`).
     segments: int [M|1, R|1, S]: a token attends to earlier tokens of its own segment only (several requests packed
       in one row); -1 marks padding, which no real token sees. None: one segment per row (right padding needs
       nothing more: causal attention already hides it from real tokens).
@@ -380,11 +382,12 @@ class Transformer(nn.Module):
     if per_layer is not None and cache is None:
       raise ValueError("a context given per layer needs a cache: the layers then run unrolled")
     layer = LayerInputs.build(cfg, ablation, None if per_layer is not None else context, tokens.shape[0])
-    seen = per_layer[0] if per_layer is not None else context  # every layer's has the same valid entries and positions
-    visible = None if cache is None else cache[0]  # every layer's cache has the same valid entries and positions
+    seen = None if per_layer is not None else context  # a per-layer context's valid entries go with each layer
+    visible = None if cache is None else cache[0]  # every layer's blocks have the same valid entries and positions
     shared = SharedInputs(cos, sin, positions, segments, ablation.neuron_where,
                           None if seen is None else seen.valid, None if seen is None else seen.positions,
-                          None if visible is None else visible.valid, None if visible is None else visible.positions,
+                          None if visible is None else tuple(b.valid for b in visible),
+                          None if visible is None else tuple(b.positions for b in visible),
                           None if start is None else start.layer, None if start is None else start.starts,
                           None if start is None else start.residuals)
     if cache is not None:
@@ -397,12 +400,12 @@ class Transformer(nn.Module):
     return ModelOutput(hidden, stacked.k, stacked.v, stacked.head_sums, stacked.neuron_sums, stacked.residual,
                        stacked.heads, stacked.neurons, stacked.attention)
 
-  def unrolled(self, x: Array, layer: LayerInputs, shared: SharedInputs, caches: tuple[Context, ...],
+  def unrolled(self, x: Array, layer: LayerInputs, shared: SharedInputs, caches: tuple[tuple[Context, ...], ...],
                outputs: OutputSpec, contexts: tuple[Context, ...] | None = None) -> tuple[Array, LayerOutputs]:
     """The layers one after another (not scanned), layer l with its own cache `caches[l]`, its own context
-    `contexts[l]` where the context comes per layer, and its own slice of the stacked parameters: a decode step reads
-    each layer's weights, context and cache where they lie, where a slice of stacked ones is copied first (XLA
-    materializes a slice that feeds a matmul). Only in `apply`."""
+    `contexts[l]` where the context comes per layer (its keys, values, valid entries and positions), and its own
+    slice of the stacked parameters: a decode step reads each layer's weights, context and cache where they lie,
+    where a slice of stacked ones is copied first (XLA materializes a slice that feeds a matmul). Only in `apply`."""
     cfg = self.config
     if len(caches) != cfg.num_layers or (contexts is not None and len(contexts) != cfg.num_layers):
       raise ValueError(f"{len(caches)} per-layer caches and {len(contexts or ())} per-layer contexts for "
@@ -414,10 +417,13 @@ class Transformer(nn.Module):
     collected = []
     for index, cache in enumerate(caches):
       own = jax.tree.map(lambda a: a[index], layer)  # noqa: B023  (used at once)
-      own = dataclasses.replace(own, cache_k=cache.k, cache_v=cache.v)
+      own = dataclasses.replace(own, cache_k=tuple(b.k for b in cache), cache_v=tuple(b.v for b in cache))
+      seen = shared
       if contexts is not None:
         own = dataclasses.replace(own, context_k=contexts[index].k, context_v=contexts[index].v)
-      x, out = step.apply({"params": params[index]}, x, own, shared)
+        seen = dataclasses.replace(shared, context_valid=contexts[index].valid,
+                                   context_positions=contexts[index].positions)
+      x, out = step.apply({"params": params[index]}, x, own, seen)
       collected.append(out)
     return x, jax.tree.map(lambda *parts: jnp.stack(parts), *collected)
 

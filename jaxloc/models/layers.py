@@ -125,8 +125,7 @@ class Context:
     the layout its product with the queries or the probabilities reads without a copy: for the shared block, a
     matmul over a mask's requests; for a request's own, one product per request with the contracted axis the
     middle one (`_per_request`).
-  valid: bool [M, R|1, C'], which context positions each request may attend to; C' < C reads only the first C'
-    (a decoding cache allocated for the longest row, read up to the longest live one).
+  valid: bool [M, R|1, C'], which context positions each request may attend to; C' < C reads only the first C'.
   positions: int [M|1, R|1, C], each context key's absolute position (a sliding-window layer's query at position p
     sees those > p - window).
   """
@@ -226,19 +225,20 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x: Array, cos: Array, sin: Array, head_mask: Array | None, head_fill: Array | None,
                context: Context | None, segments: Array | None, positions: Array | None = None,
-               window: Array | None = None, cache: Context | None = None):
+               window: Array | None = None, cache: tuple[Context, ...] = ()):
     """x: [M, R, S, D]; head_mask: [M, K, G] (1 keep, 0 ablate); head_fill: [K, G, Dh], or [R, S, K, G, Dh] a value
     per request and position (activation patching: another run's head outputs), or None (zero ablation);
-    context: keys/values shared by each mask's requests (k [M, C, K, Dh], v [M, K, Dh, C]); cache: each request's own
-    (k [M, R, K, Dh, C'], v [M, R, K, C', Dh]: `Context`). A query attends to the context, then the cache, then the
-    tokens of this call: one softmax over the three blocks of scores, so that a mask's prefix is read once for all
-    its requests;
+    context: keys/values shared by each mask's requests (k [M, C, K, Dh], v [M, K, Dh, C]); cache: each request's own,
+    in blocks of positions, each a `Context` (k [M, R, K, Dh, C'], v [M, R, K, C', Dh]; a decoding cache held in
+    blocks is read block by block, each where it lies, only as far as its rows have come). A query attends to the
+    context, then the cache's blocks, then the tokens of this call: one softmax over every block of scores, so that
+    a mask's prefix is read once for all its requests;
     segments: int [M|1, R|1, S] or None (`Transformer`: a token sees earlier tokens of its own segment only);
     window: int32 scalar or None: a query at position p sees keys at positions > p - window (`positions`
     [M|1, R|1, S], the queries' own; context keys carry theirs).
 
     Returns (y [M, R, S, D], head outputs [M, R, S, K, G, Dh] after the mask, k, v [M, R, S, K, Dh], attention
-    probabilities [M, R, K, G, S, C + C' + S] over the context, the cache and these tokens, in that order).
+    probabilities [M, R, K, G, S, C + C' + S] over the context, the cache's blocks and these tokens, in that order).
     """
     cfg = self.config
     kvh, groups, hd, d = cfg.num_kv_heads, cfg.queries_per_kv, cfg.head_dim, cfg.hidden_size
@@ -274,10 +274,10 @@ class Attention(nn.Module):
     scores = jnp.einsum("mrskgh,mrtkh->mrkgst", q, k, preferred_element_type=jnp.float32) * scale
     scores = jnp.where(visible, _soft_cap(scores, cfg.attn_softcap), _MASKED_SCORE)
     blocks = []  # (scores [M, R, K, G, S, C], values, einsum of probabilities and values), earlier keys first
-    for earlier in (context, cache):
+    for earlier in (context, *cache):
       if earlier is None:
         continue
-      width = earlier.valid.shape[-1]  # a cache is read up to `width`
+      width = earlier.valid.shape[-1]  # read up to `width`
       if earlier.k.ndim == 4:  # shared by a mask's requests
         earlier_k, earlier_v = earlier.k[:, :width], earlier.v[..., :width]
         block = jnp.einsum("mrskgh,mckh->mrkgsc", q, earlier_k.astype(dtype), preferred_element_type=jnp.float32)

@@ -106,6 +106,31 @@ def test_gsm8k_rounds_reverse_their_order_and_take_medians():
   assert not gsm8k_generation._merged([r["other"] for r in per_round])["same_texts_every_round"]
 
 
+def test_the_roofline_counts_the_query_key_pairs_each_layer_attends():
+  """Attention FLOPs of the roofline: every query over itself and what came before, a sliding-window layer's over its
+  window only; counted pair by pair here."""
+  from jaxloc.bench import gsm8k_generation
+  from jaxloc.models.config import FULL, SLIDING, ModelConfig
+
+  fields = dict(model_type="gemma3_text", vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=3,
+                num_heads=2, num_kv_heads=1, head_dim=4, rms_norm_eps=1e-6, rope_theta=1e4, sliding_window=9,
+                layer_types=(SLIDING, FULL, SLIDING))
+  prefix, suffixes, fed = 7, (2, 5), 6  # two documents of one mask, each emitting fed + 1 tokens
+
+  def pairs(window):  # every query's keys: the prefix's, then each document's suffix and fed tokens
+    positions = list(range(prefix)) + [p for s in suffixes for p in range(prefix, prefix + s + fed)]
+    return sum(min(p + 1, window) for p in positions)
+
+  def attention(config):
+    return gsm8k_generation.roofline(config, masks=1, suffixes=suffixes, prefix=prefix, emitted=2 * (fed + 1),
+                                     rows_per_call=2, rows_per_slot=2, weights=1, kv_dtype_bytes=4, peak_gflops=1.0,
+                                     bandwidth_gbs=1.0)["attention_flops"]
+
+  per_pair = 4 * 2 * 4  # q·k and p·v, heads x head_dim, one layer
+  assert attention(ModelConfig(**fields)) == per_pair * (2 * pairs(9) + pairs(10**9))
+  assert attention(ModelConfig(**dict(fields, layer_types=(), sliding_window=None))) == per_pair * 3 * pairs(10**9)
+
+
 def test_gsm8k_questions_come_from_the_data_dir_else_from_what_jaxloc_ships(tmp_path):
   import json
 

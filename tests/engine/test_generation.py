@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from jaxloc.bench.previous_generation import PreviousGenerator
+from jaxloc.engine import generation_kernels
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.engine.generator import shared_prefix_length
@@ -154,10 +155,20 @@ def _few_shot_requests(max_new_tokens, stop=("\n\n", "Q:")):
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("kind", ["heads", "neurons", "mean"])
-def test_generation_equals_the_previous_generator(tokenizer, family, kind):
-  """Shared prefix, rows refilled and masks swapped in two row slots, spans read in buckets: every text as the
-  generator before them gave it (which recomputed each row's whole prompt)."""
+def test_generation_equals_the_previous_generator(tokenizer, family, kind, monkeypatch):
+  """Shared prefix, rows refilled and masks swapped in two row slots, each row's cache in blocks (of 8 positions here,
+  so that the rows' ~10-40 cross several) read as far as the rows have come, Gemma 3's sliding layers reading the
+  prefix from the first entry their window still sees (in steps of 8 here, so that this ~60-token prefix has some to
+  skip): every text as the generator before them gave it (which recomputed each row's whole prompt)."""
   model = make_tiny(tokenizer, **(GEMMA3 if family == "gemma3" else {}))
+  monkeypatch.setattr(generation_kernels, "CACHE_BLOCK", 8)
+  monkeypatch.setattr(generation_kernels, "WINDOW_SKIP_STEP", 8)
+  read = []
+  read_blocks = generation_kernels.read_blocks
+  monkeypatch.setattr(generation_kernels, "read_blocks", lambda *args: read.append(read_blocks(*args)) or read[-1])
+  skips = []
+  window_skip = generation_kernels.window_skip
+  monkeypatch.setattr(generation_kernels, "window_skip", lambda *args: skips.append(window_skip(*args)) or skips[-1])
   requests = _few_shot_requests(24)
   kwargs = _ablations(model.config, np.random.default_rng(0))[kind]
   engine = Engine(model, EngineConfig(generation_batch=2))
@@ -166,6 +177,32 @@ def test_generation_equals_the_previous_generator(tokenizer, family, kind):
   assert len({tuple(texts) for texts in ours}) > 1  # the masks change what is generated
   layout = next(iter(engine.generator._layouts.values()))  # noqa: SLF001
   assert layout.slots * layout.rows == 2  # so 15 (mask, prompt) pairs needed refills and mask swaps
+  assert (max(skips) > 0) == (family == "gemma3")  # the sliding layers' chunks left out the front of the prefix
+  assert len(set(read)) > 2  # calls read more blocks as their rows grew
+
+
+def test_a_row_cache_is_held_in_blocks_and_read_as_far_as_it_is_filled():
+  assert generation_kernels.cache_blocks(384) == (64,) * 6
+  assert generation_kernels.cache_blocks(48) == (48,)
+  assert generation_kernels.cache_blocks(150) == (64, 64, 22)
+  assert generation_kernels.cache_blocks(1792) == (224,) * 8  # at most 8 blocks
+  assert [generation_kernels.read_blocks(n, 150) for n in (0, 1, 64, 65, 128, 129, 150)] == [0, 1, 1, 2, 2, 3, 3]
+
+
+def test_window_skip_leaves_out_only_what_every_window_has_passed():
+  """A query at p sees keys at positions > p - window: the front below p - window + 1, in whole steps of 128, short
+  of the whole prefix; nothing for a model without sliding layers."""
+  from jaxloc.models.config import FULL, SLIDING, ModelConfig
+
+  fields = dict(model_type="gemma3_text", vocab_size=16, hidden_size=8, intermediate_size=8, num_layers=2,
+                num_heads=1, num_kv_heads=1, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4)
+  gemma = ModelConfig(**fields, sliding_window=512, layer_types=(SLIDING, FULL))
+  assert generation_kernels.window_skip(gemma, 768, 717) == 128  # GSM8K's first step: 206 passed
+  assert generation_kernels.window_skip(gemma, 768, 639) == 128 and generation_kernels.window_skip(gemma, 768, 638) == 0
+  assert generation_kernels.window_skip(gemma, 768, 1000) == 384
+  assert generation_kernels.window_skip(gemma, 256, 5000) == 128  # at least one entry left
+  assert generation_kernels.window_skip(gemma, 0, 5000) == 0  # no prefix
+  assert generation_kernels.window_skip(ModelConfig(**dict(fields, model_type="llama")), 768, 5000) == 0
 
 
 def test_rows_refill_and_masks_swap_as_rows_end(tiny_model):
