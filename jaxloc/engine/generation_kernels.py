@@ -230,9 +230,10 @@ def window_skip(config: ModelConfig, prefix: int, first_position: int) -> int:
   a job compiles few decode calls): a decode chunk whose live rows' next tokens are at `first_position` or later
   leaves them out of those layers' attention (`decode`'s `skip`). 0 without sliding layers, and where fewer than a
   step would go; always short of the whole prefix."""
-  if not config.has_sliding_layers:
+  window = config.sliding_window
+  if not config.has_sliding_layers or window is None:
     return 0
-  unseen = min(first_position - config.sliding_window + 1, prefix - 1)
+  unseen = min(first_position - window + 1, prefix - 1)
   return max(0, unseen // WINDOW_SKIP_STEP * WINDOW_SKIP_STEP)
 
 
