@@ -83,6 +83,11 @@ def cache_blocks(cache: int) -> tuple[int, ...]:
   return tuple(min(width, cache - start) for start in range(0, cache, width))
 
 
+def block_starts(state: Slots) -> np.ndarray:
+  """The first position of each block of the state's row caches (every layer's blocks alike)."""
+  return np.cumsum((0,) + tuple(b.shape[-1] for b in state.cache_k[0]))[:-1]
+
+
 def read_blocks(filled: int, cache: int) -> int:
   """How many leading blocks of a `cache`-wide row cache (`cache_blocks`) hold its first `filled` positions."""
   ends = np.cumsum(cache_blocks(cache))
@@ -204,7 +209,7 @@ def insert_rows(module: Any, config: ModelConfig, params: Any, state: Slots, slo
   last = jnp.take_along_axis(out.hidden, jnp.maximum(lengths - 1, 0)[..., None, None], axis=2)[:, :, 0]
   first = greedy_tokens(config, params, last)
   at = lambda a: a.at[mi, row]  # noqa: E731  [Mi, Ri] entries of a [Ms, Rs, ...] array
-  starts = np.cumsum((0,) + tuple(b.shape[-1] for b in state.cache_k[0]))
+  starts = block_starts(state)
 
   def into(blocks: tuple[Array, ...], new: Array, axis: int) -> tuple[Array, ...]:  # new [Mi, Ri, W, K, Dh]
     out = []
@@ -274,7 +279,7 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
               stacked.positions[..., at:]) for layer, at in enumerate(front))
   # The blocks read, fixed for the call: each row's positions filled before it, every layer's block b alike.
   filled = state.length
-  starts = np.cumsum((0,) + tuple(b.shape[-1] for b in state.cache_k[0]))
+  starts = block_starts(state)
   seen = tuple((start + jnp.arange(b.shape[-1]) < filled[..., None], (state.prefix_len + start + jnp.arange(
       b.shape[-1]))[None, None]) for start, b in zip(starts, state.cache_k[0][:blocks]))
   new_positions = state.prefix_len + filled[..., None] + jnp.arange(steps)
