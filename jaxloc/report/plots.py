@@ -78,17 +78,20 @@ def neurons_per_layer(coefficients: np.ndarray, neurons: dict[str, Any], path: s
 
 
 def ablation_curve(ablation: dict[str, Any], path: str) -> None:
-  """Held-out relative drop of the target and of each general task as the selected units are ablated together."""
+  """Held-out relative drop of the target and of each general task as the selected units are ablated together, each
+  with its 95% interval over the documents (shaded) where the run recorded one: the paper's Figure 1 for one run."""
   curve = ablation["specificity_curve"]
   unit = ablation.get("unit", "heads")
   k = curve["k"]
   task = curve["task"]
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
-  ax.plot(k, np.array(task["relative_drop"], float) * 100, marker="o", linewidth=2.5, color="black",
-          label=f"{task_label(task['name'])} ({task['metric']})")
-  for name, general in curve["general"].items():
-    ax.plot(k, np.array(general["relative_drop"], float) * 100, marker=".", linewidth=1.2, alpha=0.8,
-            label=f"{task_label(name)} ({general['metric']})")
+  lines = [(task, dict(marker="o", linewidth=2.5, color="black"), task["name"])]
+  lines += [(general, dict(marker=".", linewidth=1.2, alpha=0.8), name) for name, general in curve["general"].items()]
+  for entry, style, name in lines:
+    label = f"{task_label(name)} ({entry['metric']})"
+    (drawn,) = ax.plot(k, np.array(entry["relative_drop"], float) * 100, label=label, **style)
+    if "relative_drop_interval" in entry:
+      ax.fill_between(k, *_band(entry["relative_drop_interval"]), color=drawn.get_color(), alpha=0.1, linewidth=0)
   ax.axhline(0, color="grey", linewidth=0.8)
   if k == list(range(len(k))) and len(k) <= 16:  # every k: name the unit each step adds
     ax.set_xticks(k)

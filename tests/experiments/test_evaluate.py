@@ -5,7 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from jaxloc.fixed_ablation import evaluate_heads
+from jaxloc.fixed_ablation import evaluate_heads, evaluate_masks, load_documents
+from jaxloc.localize.validate import drop_interval
+from jaxloc.tasks.evaluator import load_task, load_task_split
+from jaxloc.units import keep_mask, parse_heads
 from tests.experiments.conftest import run_cli
 
 HEADS = ["L3H1", "L12H5", "L20H0"]
@@ -13,7 +16,6 @@ HEADS = ["L3H1", "L12H5", "L20H0"]
 
 def test_custom_jsonl_with_heads_matches_transformers(smollm2, smollm2_engine, smollm2_torch, capitals_jsonl):
   import torch
-  from jaxloc.units import parse_heads
   from jaxloc.models.torch_reference import ablated_heads
 
   result = evaluate_heads(smollm2_engine, capitals_jsonl, heads=HEADS)
@@ -58,6 +60,31 @@ def test_curve_evaluates_every_prefix_of_the_ranking_in_one_batch(smollm2_engine
   assert "curve" not in evaluate_heads(smollm2_engine, capitals_jsonl, heads=HEADS)
 
 
+def test_a_curve_gives_each_prefix_its_drop_with_the_validation_interval(smollm2_engine, capitals_jsonl):
+  result = evaluate_heads(smollm2_engine, capitals_jsonl, heads=HEADS, curve=True)
+  masks = np.stack([keep_mask(parse_heads(row["heads"], 30, 9), 30, 9) for row in result["curve"]])
+  per_doc = evaluate_masks(smollm2_engine, capitals_jsonl, masks, per_doc=True)
+  for name in ("accuracy", "logprob"):
+    values = np.array([row["metrics"][name] for row in result["curve"]])
+    drops = np.array([row["relative_drop"][name] for row in result["curve"]])
+    np.testing.assert_allclose(drops, (values[0] - values) / abs(values[0]), atol=1e-12)
+    intervals = np.array([row["relative_drop_interval"][name] for row in result["curve"]])
+    np.testing.assert_allclose(intervals, drop_interval(per_doc[name]), atol=1e-4)
+  assert result["curve"][0]["relative_drop"] == {"accuracy": 0, "logprob": 0}
+  assert result["curve"][-1]["relative_drop"]["logprob"] != 0
+
+
+def test_skip_samples_are_a_localization_runs_held_out_documents():
+  task, identification, held_out = load_task_split("plurals", num_samples=30, validation_samples=20, seed=2,
+                                                   data_dir=None)
+  _, skipped = load_documents("plurals", num_samples=20, seed=2, skip_samples=30)
+  assert skipped == held_out and len(skipped) == 20
+  assert identification == load_task("plurals", num_samples=30, seed=2, data_dir=None)[1]
+  assert not {json.dumps(d, sort_keys=True) for d in skipped} & {json.dumps(d, sort_keys=True) for d in identification}
+  unskipped = load_documents("plurals", num_samples=20, seed=2)[1]
+  assert unskipped == load_task("plurals", num_samples=20, seed=2, data_dir=None)[1]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--task=no_such_task"], "unknown task 'no_such_task'"),
     (["--task=/no/such/file.jsonl"], "/no/such/file.jsonl"),
@@ -66,6 +93,9 @@ def test_curve_evaluates_every_prefix_of_the_ranking_in_one_batch(smollm2_engine
     (["--task=counting", "--num_samples=0"], "num_samples"),
     (["--task=counting", "--ablation=half"], "ablation"),
     (["--task=counting", "--curve"], "--curve evaluates the prefixes of a ranking"),
+    (["--task=counting", "--skip_samples=10"], "give how many with --num_samples"),
+    (["--task=counting", "--skip_samples=-1"], "skip_samples"),
+    (["--task=counting", "--skip_samples=100000", "--num_samples=5"], "need 100005 disjoint ones"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tiny_model_dir):
   if not any(a.startswith("--model=") for a in args):
