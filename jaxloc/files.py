@@ -163,7 +163,24 @@ def _write_output(path: str, write: Callable[[IO[bytes]], None]) -> None:
 
 
 def write_json(path: str, payload: Any) -> None:
-  _write_output(path, lambda f: f.write(json.dumps(payload, indent=2, default=_jsonable).encode()))
+  _write_output(path, lambda f: f.write((json_text(payload) + "\n").encode()))
+
+
+def json_text(payload: Any, depth: int = 0) -> str:
+  """JSON laid out to read and diff: an object one key per line, a list of objects one object per line (a run's
+  heads: one head a line, whole), any other list or value on one line."""
+  inner, outer = "  " * (depth + 1), "  " * depth
+  if isinstance(payload, dict) and payload:
+    lines = [f"{inner}{json.dumps(_key(key))}: {json_text(value, depth + 1)}" for key, value in payload.items()]
+    return "{\n" + ",\n".join(lines) + f"\n{outer}}}"
+  if isinstance(payload, list) and payload and all(isinstance(item, dict) for item in payload):
+    return "[\n" + ",\n".join(inner + json.dumps(item, default=_jsonable) for item in payload) + f"\n{outer}]"
+  return json.dumps(payload, default=_jsonable)
+
+
+def _key(key: Any) -> str:
+  """An object key as `json.dumps` writes it (3 -> "3", True -> "true", None -> "null")."""
+  return key if isinstance(key, str) else json.dumps(key, default=_jsonable)
 
 
 def save_array(path: str, array: np.ndarray) -> None:
