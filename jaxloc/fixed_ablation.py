@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from jaxloc.errors import UserError
-from jaxloc.localize.validate import drop_interval, relative_drop
+from jaxloc.localize.validate import drops_of
 from jaxloc.units import check_unit, keep_mask, parse_units, unit_name, units_per_layer
 from jaxloc.tasks.base import Doc, Task, mean_over_docs
 from jaxloc.tasks.evaluator import Evaluator, load_task, load_task_split
@@ -99,12 +99,10 @@ def evaluate_heads(engine: Engine, task_name: str, *, heads: str | Sequence[str]
                                  for row, units in enumerate(sets)]
   if per_doc:
     for name, values in measured.items():
-      baseline = metrics[name][0]
-      intervals = np.full((len(rows), 2), np.nan) if baseline == 0 else drop_interval(values)
-      drops = relative_drop(baseline, metrics[name])
+      _, drops, intervals = drops_of(values)
       for row, drop, interval in zip(rows, drops, intervals):
-        row.setdefault("relative_drop", {})[name] = _number(drop)
-        row.setdefault("relative_drop_interval", {})[name] = [_number(bound) for bound in interval]
+        row.setdefault("relative_drop", {})[name] = None if np.isnan(drop) else float(drop)
+        row.setdefault("relative_drop_interval", {})[name] = interval
   result = {
       "model": engine.model.name,
       "task": task_name,
@@ -119,7 +117,3 @@ def evaluate_heads(engine: Engine, task_name: str, *, heads: str | Sequence[str]
     result["curve"] = rows
   return result
 
-
-def _number(value: float) -> float | None:
-  """A JSON number, None for NaN (a drop against a baseline of 0)."""
-  return None if np.isnan(value) else float(value)

@@ -207,6 +207,15 @@ def drop_interval(per_doc: np.ndarray, seed: int = 0, level: float = 0.95) -> np
     return np.nanpercentile(paired_drops(per_doc, seed), [tail, 100 - tail], axis=1).T
 
 
+def drops_of(per_doc: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[list[float | None]]]:
+  """From per_doc [k+1, docs] (row 0 unablated): each row's mean, its relative drop against row 0 (NaN against 0),
+  and the drop's 95% interval (`drop_interval`) as JSON numbers (None where undefined)."""
+  scores = np.asarray(per_doc, np.float64).mean(axis=1)
+  interval = np.full((len(scores), 2), np.nan) if scores[0] == 0 else drop_interval(per_doc)
+  return (scores, relative_drop(float(scores[0]), scores),
+          [[None if np.isnan(x) else float(x) for x in row] for row in interval])
+
+
 def single_head_drops(heads: Sequence[int], scorer: Measures) -> np.ndarray:
   """Relative drop [units, tasks] of each task's metric with one unit (head or neuron) ablated."""
   return set_drops([[h] for h in heads], scorer)
@@ -235,11 +244,9 @@ def ablation_curve(order: Sequence[int], k: int, scorer: TaskMeasures, also: Seq
   per_doc = scorer.per_doc(_cumulative_masks(order, points, scorer.num_layers, scorer.units_per_layer))
 
   def entry(eval_set, metric, values):
-    scores = values.mean(axis=1)
-    interval = np.full((len(points), 2), np.nan) if scores[0] == 0 else drop_interval(values)
+    scores, drops, intervals = drops_of(values)
     return {"metric": metric, "num_docs": len(eval_set.docs), "scores": scores.tolist(),
-            "relative_drop": relative_drop(float(scores[0]), scores).tolist(),
-            "relative_drop_interval": [[None if np.isnan(x) else float(x) for x in row] for row in interval]}
+            "relative_drop": drops.tolist(), "relative_drop_interval": intervals}
 
   entries = [entry(s, m, v) for s, m, v in zip(eval_sets, metrics, per_doc)]
   general = np.array([e["relative_drop"] for e in entries[1:]], float).reshape(-1, len(points))
