@@ -13,7 +13,8 @@ the walk. `step_cost` compiles the decode call for one step with abstract parame
 splits its bytes into the step (the decode loop's body) and the call's own (once per chunk of
 `generation_kernels.CHUNK_STEPS` steps: the state's bookkeeping outside the loop, and laying every layer's weights
 out where the job holds no laid-out copy, `generation_kernels.decode_layers`), with the largest instructions of the
-step; `amortized_ratio` adds the call's own bytes spread over a chunk.
+step; `amortized_ratio` adds the call's own bytes spread over a chunk. Compiled for a GPU that is not here
+(`deviceless.compiling_for`), the graph is XLA:GPU's; XLA gives no cost analysis there, and the walk stands alone.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloc.bench import memory
+from jaxloc.bench import deviceless, memory
 from jaxloc.engine import generation_kernels
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.decoder import Transformer
@@ -250,34 +251,42 @@ def floor_bytes(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, 
   return floor
 
 
+def compile_step(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, cache: int, new: int,
+                 blocks: int, compiler_options: dict | None = None, *, held_layers: bool) -> Any:
+  """The decode call compiled for one step (`steps=1`) reading the first `blocks` blocks of each row's cache, with
+  abstract parameters and state (for the active `deviceless` target, else the backend in use): layers laid out once
+  per job (`held_layers`), or by the call itself, before its loop (the call's own bytes)."""
+  c, sds, i32 = config, jax.ShapeDtypeStruct, jnp.int32
+  module = Transformer(c, param_dtype=dtype)
+  params = memory.decode_params(c, dtype) if held_layers else memory._params(c, dtype)  # noqa: SLF001
+  state = generation_kernels.slot_shapes(c, dtype, slots=slots, rows=rows, prefix=prefix, cache=cache, new=new)
+  decode = jax.jit(functools.partial(generation_kernels.decode, module, c, dtype=dtype),
+                   static_argnames=("steps", "blocks"), donate_argnums=(1,))
+  lowered = deviceless.lower(decode, params, state, sds((2,), i32), sds((c.vocab_size, 16), i32),
+                             sds((c.vocab_size, 16), jnp.bool_), sds((), i32), steps=1, blocks=blocks)
+  return deviceless.compile(lowered, compiler_options)
+
+
 def step_cost(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, cache: int, new: int,
               blocks: int | None = None, compiler_options: dict | None = None, top: int = 12, *,
               held_layers: bool) -> dict[str, Any]:
   """Bytes of one decode step at this layout by XLA's compiled graph (`HloBytes`), against `floor_bytes`.
 
-  The decode call is compiled for one step (`steps=1`) reading the first `blocks` blocks of each row's cache (default
-  all; `generation_kernels.cache_blocks`; their positions are the `span` the floor counts) with abstract
-  parameters and state. step_bytes: the decode loop's body, the layers `num_layers` times, each gather and scatter
-  over what it touches; step_bytes_xla_rules: the same under XLA's own rules; call_bytes: the call's own work
-  outside the loop (once per chunk). xla_cost_analysis: `compiled.cost_analysis()`'s figure (every loop once), and
-  hlo_check: the walk under XLA's rules with every loop once, which must match it. by_kind: the step's bytes by
-  what moves them (`HloBytes.kind`); largest: its `top` instructions, loops multiplied out."""
-  c, sds, i32 = config, jax.ShapeDtypeStruct, jnp.int32
+  The decode call is compiled for one step reading the first `blocks` blocks of each row's cache (default all;
+  `generation_kernels.cache_blocks`; their positions are the `span` the floor counts; `compile_step`).
+  step_bytes: the decode loop's body, the layers `num_layers` times, each gather and scatter over what it touches;
+  step_bytes_xla_rules: the same under XLA's own rules; call_bytes: the call's own work outside the loop (once per
+  chunk). xla_cost_analysis: `compiled.cost_analysis()`'s figure (every loop once; None where compiled for a device
+  not here), and hlo_check: the walk under XLA's rules with every loop once, which must match it. by_kind: the
+  step's bytes by what moves them (`HloBytes.kind`); largest: its `top` instructions, loops multiplied out."""
   widths = generation_kernels.cache_blocks(cache)
   blocks = len(widths) if blocks is None else blocks
   span = sum(widths[:blocks])
-  module = Transformer(c, param_dtype=dtype)
-  # Layers laid out once per job (`held_layers`), or by the call itself, before its loop (the call's own bytes).
-  params = memory.decode_params(c, dtype) if held_layers else memory._params(c, dtype)  # noqa: SLF001
-  state = generation_kernels.slot_shapes(c, dtype, slots=slots, rows=rows, prefix=prefix, cache=cache, new=new)
-  decode = jax.jit(functools.partial(generation_kernels.decode, module, c, dtype=dtype),
-                   static_argnames=("steps", "blocks"), donate_argnums=(1,))
-  lowered = decode.lower(params, state, sds((2,), i32), sds((c.vocab_size, 16), i32),
-                         sds((c.vocab_size, 16), jnp.bool_), sds((), i32), steps=1, blocks=blocks)
-  compiled = lowered.compile(compiler_options=compiler_options or None)
+  c = config
+  compiled = compile_step(c, dtype, slots, rows, prefix, cache, new, blocks, compiler_options, held_layers=held_layers)
   text = compiled.as_text()
   cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}  # none where compiled for a target not here
   walk = HloBytes(text)
   entry = walk.computations[walk.entry]
   loops = [i.name for i in entry.values() if i.opcode == "while" and i.trip_count is None]
@@ -300,7 +309,7 @@ def step_cost(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, ca
       "amortized_ratio": (step_bytes + (total - step_bytes) / generation_kernels.CHUNK_STEPS) / floor["total"],
       "step_bytes_xla_rules": sum(s for s, _, p in xla_rules.items() if p[:1] == (loops[0],)),
       "call_bytes": total - step_bytes,
-      "xla_cost_analysis": float(cost.get("bytes accessed", 0.0)),
+      "xla_cost_analysis": float(cost["bytes accessed"]) if "bytes accessed" in cost else None,
       "hlo_check": HloBytes(text, trip_counts=False, touched=False).total(), "by_kind": dict(by_kind),
       "largest": [{"bytes": size, "times": _times(walk, path), "kind": walk.kind(instr), "name": instr.name,
                    "shape": _ARRAY.search(instr.type).group(0) if _ARRAY.search(instr.type) else instr.type,
@@ -329,8 +338,10 @@ def describe(cost: dict[str, Any]) -> str:
            f"{generation_kernels.CHUNK_STEPS} steps",
            f"  under XLA's rules (whole operand of gathers and scatters): {cost['step_bytes_xla_rules'] / gb:.2f} GB "
            f"per step; the call's own, once per chunk: {cost['call_bytes'] / gb:.2f} GB",
-           f"  XLA's cost_analysis (every loop once): {cost['xla_cost_analysis'] / gb:.3f} GB; this walk under its "
-           f"rules: {cost['hlo_check'] / gb:.3f} GB",
+           (f"  XLA's cost_analysis (every loop once): {cost['xla_cost_analysis'] / gb:.3f} GB; this walk under its "
+            f"rules: {cost['hlo_check'] / gb:.3f} GB" if cost["xla_cost_analysis"] is not None else
+            f"  XLA's cost_analysis: none where compiled for a device not here; this walk under its rules, every "
+            f"loop once: {cost['hlo_check'] / gb:.3f} GB"),
            "  per step by kind: " + ", ".join(f"{k} {v / gb:.2f} GB" for k, v in
                                                sorted(cost["by_kind"].items(), key=lambda kv: -kv[1])),
            "  largest per step (GB over its runs, x runs per step):"]

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxloc.bench import deviceless
 from jaxloc.engine import batching, generation_kernels, planner, scoring_kernels
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.layers import Context
@@ -51,12 +52,12 @@ CPU_GRAPHS = ({}, {"xla_cpu_experimental_ynn_fusion_type": ""})
 def compiled_bytes(lowered, params: int | None = None) -> int:
   """XLA's activation bytes of a lowered call: its temporaries and outputs, plus, given the bytes of its `params`,
   its other arguments, an output that reuses a donated argument's buffer counted once (XLA's `alias` bytes: the
-  generation calls donate their state, `generator.xla_bytes`). The larger over `CPU_GRAPHS` on the CPU backend,
-  else as compiled."""
-  graphs = CPU_GRAPHS if jax.default_backend() == "cpu" else ({},)
+  generation calls donate their state, `generator.xla_bytes`). The larger over `CPU_GRAPHS` where it is compiled for
+  a CPU, else as compiled (`deviceless.platform`)."""
+  graphs = CPU_GRAPHS if deviceless.platform() == "cpu" else ({},)
   sizes = []
   for options in graphs:
-    analysis = lowered.compile(compiler_options=options or None).memory_analysis()
+    analysis = deviceless.compile(lowered, options).memory_analysis()
     size = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
     arguments = int(analysis.argument_size_in_bytes) - int(analysis.alias_size_in_bytes)
     sizes.append(size if params is None else size + arguments - params)
@@ -155,13 +156,14 @@ def xla_bytes(config: ModelConfig, dtype, masks: int, requests: int, seq: int, c
   kv = None
   if context:
     prefix_fn = jax.jit(functools.partial(scoring_kernels.prefix_context, module, dtype=dtype))
-    result["prefix"] = compiled_bytes(prefix_fn.lower(params, ablation, sds((context,), jnp.int32)))
+    result["prefix"] = compiled_bytes(deviceless.lower(prefix_fn, params, ablation, sds((context,), jnp.int32)))
     k_shape = (config.num_layers, masks, context, config.num_kv_heads, config.head_dim)
     v_shape = (config.num_layers, masks, config.num_kv_heads, config.head_dim, context)
     kv = Context(sds(k_shape, dtype), sds(v_shape, dtype), sds((masks, 1, context), jnp.bool_),
                  sds((1, 1, context), jnp.int32))
   score_fn = jax.jit(functools.partial(scoring_kernels.score_chunk, module, config, dtype=dtype))
-  result["scoring"] = compiled_bytes(score_fn.lower(params, ablation, kv, rows), param_bytes(config, dtype))
+  result["scoring"] = compiled_bytes(deviceless.lower(score_fn, params, ablation, kv, rows),
+                                     param_bytes(config, dtype))
   result["peak"] = max(result["prefix"], result["scoring"])
   return result
 
@@ -249,7 +251,8 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
           "weights": _nbytes(weights["layers"]) if held_layers else 0}
 
   def call(fn, *args, alive=(), given=params, **static):
-    return compiled_bytes(fn.lower(given, *args, **static), params_size) + sum(held[k] for k in alive)
+    lowered = deviceless.lower(fn, given, *args, **static)
+    return compiled_bytes(lowered, params_size) + sum(held[k] for k in alive)
 
   result = {}
   jit = functools.partial(jax.jit, keep_unused=True)  # every parameter an argument, as `params_size` counts them

@@ -19,6 +19,14 @@ step of that job at `--decode_preset`'s layout, the bytes XLA's graph moves agai
 (`jaxloc.bench.decode_cost`). Only the generation parts:
 
     python -m experiments.benchmark_memory --parts=generation,decode_cost --output_json=benchmark_memory.json
+
+For a GPU that is not here (`--target=h100`, `jaxloc.bench.deviceless`: XLA:GPU compiles for the described device
+with no GPU or driver; XLA's CUDA plugin on the path): every call in bfloat16, as the GPU runs it, XLA:GPU's own
+graph and memory analysis; the decode step's bytes also as milliseconds at the device's memory bandwidth.
+
+    pip install --no-deps --target=.deviceless jax-cuda12-plugin==$JAX jax-cuda12-pjrt==$JAX   # $JAX: jax's version
+    PYTHONPATH=.deviceless python -m experiments.benchmark_memory --target=h100 --parts=generation,decode_cost \
+        --output_json=benchmark_memory_h100.json
 """
 
 from __future__ import annotations
@@ -26,11 +34,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import jax
 import jax.numpy as jnp
 
 from jaxloc import cli, files
-from jaxloc.bench import decode_cost, memory
+from jaxloc.bench import decode_cost, deviceless, memory
 from jaxloc.engine import generation_kernels
 from jaxloc.config import setting
 from jaxloc.errors import UserError
@@ -52,6 +59,9 @@ class BenchmarkMemoryConfig:
                         "What to run: scoring (the planned scoring calls, the corners, the batches), generation (the "
                         "GSM8K-like generation job per preset), decode_cost (bytes per decode step against the floor).")
   decode_preset: str = setting("llama-3.1-8b", "The preset whose decode step --parts=decode_cost compiles.")
+  target: str = setting("", "Compile for this GPU instead of the backend in use, with no GPU here "
+                        f"(jaxloc.bench.deviceless: {', '.join(deviceless.TARGETS)}; needs XLA's CUDA plugin), in "
+                        "bfloat16 as the GPU runs it; empty: the backend in use.")
   output_json: str = setting(None, "Where to write the figures (an existing file keeps the parts not run).", type=str)
 
 
@@ -60,7 +70,15 @@ TPU_CORE_BYTES = 16 * memory.GIB
 SETTINGS = {"cpu": (2048, 8 * memory.GIB), "gpu80": (65536, None)}
 
 
+def compile_dtype():
+  """What the calls are compiled in: float32 for a CPU (XLA:CPU upcasts bfloat16 matmuls, copying the weights),
+  bfloat16, as it runs there, for a GPU (`--target`)."""
+  return jnp.float32 if deviceless.platform() == "cpu" else jnp.bfloat16
+
+
 def main(config: BenchmarkMemoryConfig) -> None:
+  if config.target:  # before anything starts JAX
+    deviceless.check(config.target)
   if config.output_json:
     files.check_writable(config.output_json, "--output_json")
   unknown = [p for p in config.presets + [config.decode_preset] if p not in PRESETS]
@@ -71,13 +89,22 @@ def main(config: BenchmarkMemoryConfig) -> None:
     raise UserError(f"unknown --parts {unknown}; valid: {', '.join(PARTS)}")
 
   payload = (files.read_json(config.output_json) or {}) if config.output_json else {}
-  payload["backend"] = jax.default_backend()
-  if "scoring" in config.parts:
-    payload.update(scoring(config))
-  if "generation" in config.parts:
-    payload["generation"] = generation(config)
-  if "decode_cost" in config.parts:
-    payload["decode_cost"] = decode_step(config)
+  with deviceless.compiling_for(config.target or None):
+    payload["backend"] = deviceless.platform()
+    if config.target:
+      payload["target"] = deviceless.TARGETS[config.target]["description"] + " (compiled without one)"
+    if "scoring" in config.parts:
+      payload.update(scoring(config))
+    if "generation" in config.parts:
+      payload["generation"] = generation(config)
+    if "decode_cost" in config.parts:
+      payload["decode_cost"] = decode_step(config)
+    if config.target:
+      payload["cublas_fallbacks"] = list(deviceless.FALLBACKS)
+      if deviceless.FALLBACKS:
+        print(f"\n{len(deviceless.FALLBACKS)} calls compiled with their matmuls on cuBLAS: XLA:GPU's Triton emitter "
+              f"found no tiling without the device to autotune (jaxloc.bench.deviceless.compile); the first: "
+              f"{deviceless.FALLBACKS[0]}")
   if config.output_json:
     files.write_json(config.output_json, payload)
 
@@ -88,19 +115,22 @@ def scoring(config: BenchmarkMemoryConfig) -> dict:
   shapes = [memory.task_shape(name, tokenizer) for name in config.tasks]
   shapes += list(memory.LONG_SHAPES) if config.long_shapes else []
   rows, batches = [], []
-  print(f"backend {jax.default_backend()}, compiled in float32; estimate / XLA (never under 1.0; ideally at most ~1.25)")
+  dtype_name = jnp.dtype(compile_dtype()).name
+  settings = SETTINGS if deviceless.platform() == "cpu" else {"gpu80": SETTINGS["gpu80"]}
+  print(f"backend {deviceless.platform()}, compiled in {dtype_name}; estimate / XLA (never under 1.0; ideally at "
+        "most ~1.25)")
   print(f"{'preset':14s} {'task':36s} {'plan':6s} {'masks':>5s} {'reqs':>4s} {'estimate GiB':>12s} "
         f"{'XLA GiB':>8s} {'ratio':>6s}")
   for preset in config.presets:
     model = PRESETS[preset]  # the preset's model config (`config` is the benchmark's)
     params_bf16 = memory.param_bytes(model, jnp.bfloat16)
     for shape in shapes:
-      for setting, (tokens, budget) in SETTINGS.items():
+      for setting, (tokens, budget) in settings.items():
         budget = budget or memory.device_budget(GPU_BYTES, params_bf16)
         dtype = jnp.float32 if setting == "cpu" else jnp.bfloat16
         plan = memory.plan(model, shape, dtype, budget, tokens)
         start = time.perf_counter()
-        row = memory.compare(model, shape, jnp.float32, plan.masks_per_call, plan.requests_per_call)
+        row = memory.compare(model, shape, compile_dtype(), plan.masks_per_call, plan.requests_per_call)
         row.update(preset=preset, plan=setting, compile_seconds=time.perf_counter() - start)
         rows.append(row)
         print(f"{preset:14s} {shape.name:36s} {setting:6s} {row['masks']:5d} {row['requests']:4d} "
@@ -122,7 +152,7 @@ def scoring(config: BenchmarkMemoryConfig) -> dict:
       for masks, requests, seq, context, targets in memory.STRESS_CALLS:
         shape = memory.TaskShape(f"{requests}x{seq} after {context}, {targets} targets", requests, seq, seq, context,
                                  targets)
-        stress.append(dict(memory.compare(PRESETS[preset], shape, jnp.float32, masks, requests), preset=preset))
+        stress.append(dict(memory.compare(PRESETS[preset], shape, compile_dtype(), masks, requests), preset=preset))
     stress_ratios = [r["ratio"] for r in stress]
     print(f"estimate / XLA over {len(stress)} stress call shapes: min {min(stress_ratios):.3f}, "
           f"max {max(stress_ratios):.3f}")
@@ -138,12 +168,12 @@ def scoring(config: BenchmarkMemoryConfig) -> dict:
 
 def generation(config: BenchmarkMemoryConfig) -> list[dict]:
   """The GSM8K-like generation job per preset: the generator's layout on an 80 GB GPU, the planner's estimate and
-  XLA's peak over the job's calls, both in float32."""
+  XLA's peak over the job's calls, both in `compile_dtype`."""
   shape = memory.GSM8K_GENERATION
   prefix, suffix, new = shape.widths
   print(f"\ngeneration: {shape.name}, {shape.masks} masks x {shape.docs} documents, prefix {prefix}, suffix {suffix}, "
-        f"{new} new tokens; the 80 GB GPU layout (bfloat16 plan), compiled in float32; estimate / XLA's peak over the "
-        "calls (never under 1.0)")
+        f"{new} new tokens; the 80 GB GPU layout (bfloat16 plan), compiled in {jnp.dtype(compile_dtype()).name}; "
+        "estimate / XLA's peak over the calls (never under 1.0)")
   print(f"{'preset':14s} {'slots':>5s} {'rows':>4s} {'held':>4s} {'estimate GiB':>12s} {'XLA GiB':>8s} {'ratio':>6s} "
         f"{'peak call':>10s} {'state GiB':>9s}  XLA beyond the state, GiB, per call")
   rows = []
@@ -152,7 +182,7 @@ def generation(config: BenchmarkMemoryConfig) -> list[dict]:
     budget = memory.device_budget(GPU_BYTES, memory.param_bytes(model, jnp.bfloat16))
     plan = memory.generation_plan(model, shape, jnp.bfloat16, budget)
     start = time.perf_counter()
-    row = memory.compare_generation(model, shape, jnp.float32, plan.slots, plan.rows, plan.held_layers)
+    row = memory.compare_generation(model, shape, compile_dtype(), plan.slots, plan.rows, plan.held_layers)
     row.update(preset=preset, budget_bytes=budget, plan_estimate_bytes=plan.estimated_bytes,
                compile_seconds=time.perf_counter() - start)
     rows.append(row)
@@ -176,8 +206,8 @@ def decode_step(config: BenchmarkMemoryConfig) -> list[dict]:
   prefix, suffix, new = shape.widths
   plan = memory.generation_plan(model, shape, jnp.bfloat16,
                                 memory.device_budget(GPU_BYTES, memory.param_bytes(model, jnp.bfloat16)))
-  cpu = jax.default_backend() == "cpu"
-  dtype = jnp.float32 if cpu else jnp.bfloat16
+  cpu = deviceless.platform() == "cpu"
+  dtype = compile_dtype()
   graphs = dict(zip(("xla_cpu", "without_library_fusions"), memory.CPU_GRAPHS)) if cpu else {"as_compiled": {}}
   print(f"\ndecode step of {config.decode_preset}, {shape.name} ({jnp.dtype(dtype).name}; weights read once, the "
         "prefix once per mask slot and each row's cache to the span is the floor; goal: within 1.5x)")
@@ -190,6 +220,11 @@ def decode_step(config: BenchmarkMemoryConfig) -> list[dict]:
       cost.update(preset=config.decode_preset, graph=graph)
       results.append(cost)
       print(f"[{graph}] " + decode_cost.describe(cost), flush=True)
+      if config.target:  # the time the step's bytes take at the target's memory bandwidth, the call's own spread
+        bandwidth = deviceless.TARGETS[config.target]["memory_bandwidth"]
+        cost["bandwidth_bound_ms"] = 1e3 * cost["amortized_ratio"] * cost["floor"]["total"] / bandwidth
+        print(f"  at the {config.target}'s {bandwidth / 1e12:.2f} TB/s: {cost['bandwidth_bound_ms']:.2f} ms a step "
+              f"(the floor's: {1e3 * cost['floor']['total'] / bandwidth:.2f} ms)")
   return results
 
 

@@ -19,10 +19,11 @@ never repeated in memory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import flax.linen as nn
 import jax
@@ -165,15 +166,29 @@ def out_major(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(move, params)
 
 
-@functools.lru_cache(maxsize=None)
+_LAYOUT_PLATFORMS: list[str] = []  # `kernel_layout_for`'s platforms, innermost last
+
+
 def kernels_output_major() -> bool:
   """Whether the unrolled decode step reads its layers' kernels output-major (`out_major`, `project`) rather than as
   the checkpoints store them: everywhere but on a CPU with AVX-512. At a decode step's few rows, XLA:CPU's matmuls
   took 1.5-2.3x less time with the kernel output-major, as the streamed left operand, on 2 AVX2 cores (32 rows of
   Gemma 3 270M's gate, down and q projections, 2026-11-28), and 15-35% more time than with the kernel as stored, the
-  right operand, on 2 AVX-512 cores (2026-11-29). Fixed for the process, so that `decoder.layer_params` and
-  `Transformer.unrolled` agree."""
-  return jax.default_backend() != "cpu" or not _cpu_has_avx512()
+  right operand, on 2 AVX-512 cores (2026-11-29). The same for a whole trace, so that `decoder.layer_params` and
+  `Transformer.unrolled` agree; the platform is the backend in use, or `kernel_layout_for`'s."""
+  platform = _LAYOUT_PLATFORMS[-1] if _LAYOUT_PLATFORMS else jax.default_backend()
+  return platform != "cpu" or not _cpu_has_avx512()
+
+
+@contextlib.contextmanager
+def kernel_layout_for(platform: str) -> Iterator[None]:
+  """Within it, `kernels_output_major` answers for `platform` ("cpu", "gpu", "tpu"), not the backend in use: for
+  compiling ahead of time for another backend (`jaxloc.bench.deviceless`)."""
+  _LAYOUT_PLATFORMS.append(platform)
+  try:
+    yield
+  finally:
+    _LAYOUT_PLATFORMS.pop()
 
 
 def _cpu_has_avx512() -> bool:
@@ -284,7 +299,10 @@ class Attention(nn.Module):
         product: Callable[[Array, Array], Array] = functools.partial(jnp.einsum, "mrkgsc,mkhc->mrskgh")
       else:  # each request's own
         earlier_k, earlier_v = earlier.k[..., :width], earlier.v[:, :, :, :width]
-        block = _per_request(jnp.moveaxis(q, 2, 4), earlier_k.astype(dtype), jnp.float32)  # [M, R, K, G, S, C]
+        # Apart from every other block's product: products sharing the queries are otherwise merged by XLA:GPU's dot
+        # merger into one over the blocks concatenated, a copy of every layer's keys in every step.
+        query, earlier_k = jax.lax.optimization_barrier((q, earlier_k))
+        block = _per_request(jnp.moveaxis(query, 2, 4), earlier_k.astype(dtype), jnp.float32)  # [M, R, K, G, S, C]
         product = lambda p, v: jnp.moveaxis(_per_request(p, v), 4, 2)  # noqa: E731  [M, R, S, K, G, Dh]
       block = block * scale
       seen = earlier.valid[:, :, None, :]  # [M, R|1, 1, C]
