@@ -2,18 +2,18 @@
 
 XLA compiles for a described GPU without one (ahead-of-time, "deviceless"): given the device's description (its
 compute capability, cores, memory and bandwidth: `TARGETS`), the CUDA plugin's compiler runs every XLA:GPU pass
-(fusion, the dot merger, buffer assignment, the command buffers) and emits the executable a GPU of that kind would
+(fusion, the dot merger, buffer assignment) and emits the executable a GPU of that kind would
 run, with nothing allocated and no driver. What it cannot do without the device is autotune: its matmul tilings are
 XLA's defaults, so bytes moved and memory held are the GPU's, times are not. Nothing here runs a compiled call.
 
     with deviceless.compiling_for("h100"):           # the benchmarks' abstract compiles go to XLA:GPU
       lowered = deviceless.lower(jax.jit(f), *abstract_args)
 
-The plugin is not one of jaxloc's dependencies (about 480 MB): `pip install --no-deps jax-cuda12-plugin==V
-jax-cuda12-pjrt==V` with V the installed jax's version (`install_command`; `--target=DIR` and DIR on PYTHONPATH keep
-it out of other runs, where it looks for a GPU at every start). `compiling_for` says so, as a `UserError`, where it
-is missing. It loads without a driver only where JAX runs on the CPU alone: `compiling_for` sets that, before JAX
-starts (JAX_PLATFORMS=cpu).
+The plugin is not one of jaxloc's dependencies (about 480 MB): `pip install --no-deps --target=.deviceless
+jax-cuda12-plugin==V jax-cuda12-pjrt==V` with V the installed jaxlib's version, then PYTHONPATH=.deviceless
+(`install_command`; a folder of its own keeps it out of other runs, where it would look for a GPU at every start).
+`compiling_for` says so, as a `UserError`, where it is missing. It loads without a driver only where JAX runs on the
+CPU alone: `compiling_for` sets that, before JAX starts (JAX_PLATFORMS=cpu).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import importlib.util
 from typing import Any, Iterator
 
 import jax
+import jaxlib
 
 from jaxloc.errors import UserError
 from jaxloc.models import layers
@@ -45,9 +46,10 @@ FALLBACKS: list[str] = []
 
 
 def install_command() -> str:
-  """The pip command that installs the CUDA plugin matching this jax."""
-  version = jax.__version__
-  return f"pip install --no-deps jax-cuda12-plugin=={version} jax-cuda12-pjrt=={version}"
+  """The commands that install the CUDA plugin matching this jaxlib in .deviceless/ and put it on the path."""
+  version = jaxlib.__version__
+  return (f"pip install --no-deps --target=.deviceless jax-cuda12-plugin=={version} jax-cuda12-pjrt=={version}, "
+          "then run with PYTHONPATH=.deviceless")
 
 
 def target_config(name: str) -> str:
@@ -76,24 +78,31 @@ def check(name: str) -> None:
   """A `UserError` naming what is missing unless target `name` can be compiled for here."""
   if name not in TARGETS:
     raise UserError(f"unknown compile target {name!r}; valid: {', '.join(TARGETS)}")
-  if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+  try:
+    found = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  except ModuleNotFoundError:  # no jax_plugins package at all
+    found = False
+  if not found:
     raise UserError(f"compiling for {name} needs XLA's CUDA plugin (no GPU or driver): {install_command()}")
-  jax.config.update("jax_platforms", "cpu")  # the plugin loads without a driver only where JAX runs on the CPU alone
+  # The plugin loads without a driver only where JAX runs on the CPU alone: this process's JAX stays on the CPU.
+  jax.config.update("jax_platforms", "cpu")
   try:
     device(name)
-  except (NotImplementedError, RuntimeError) as error:  # JAX started before, and the plugin looked for a GPU then
-    raise UserError(f"compiling for {name}: XLA's CUDA plugin did not load ({str(error).splitlines()[0]}); run with "
-                    "JAX_PLATFORMS=cpu") from error
+  except (NotImplementedError, RuntimeError) as error:  # JAX started before, or the plugin is not this jaxlib's
+    raise UserError(f"compiling for {name}: XLA's CUDA plugin did not load ({str(error).splitlines()[0]}); run "
+                    f"with JAX_PLATFORMS=cpu, with the plugin of this jaxlib: {install_command()}") from error
 
 
 @contextlib.contextmanager
 def compiling_for(name: str | None) -> Iterator[None]:
   """Within it, `lower` compiles for target `name` (None: the backend in use), and the decode step's kernels are laid
-  out as on that target's platform (`layers.kernel_layout_for`)."""
+  out as on that target's platform (`layers.kernel_layout_for`); `FALLBACKS` starts empty. Sets JAX on the CPU for
+  the process (`check`)."""
   if name is None:
     yield
     return
   check(name)
+  FALLBACKS.clear()
   _active.append(name)
   try:
     with layers.kernel_layout_for("gpu"):

@@ -43,6 +43,7 @@ from jaxloc.models.decoder import Ablation, Transformer
 from jaxloc.tasks.registry import get_task
 
 GIB = planner.GIB
+GPU80_BYTES = int(0.75 * 80e9)  # an 80 GB GPU's bytes_limit under XLA's default 75% preallocation
 
 # XLA debug options of the graphs compiled on the CPU backend: the graph as the engine runs it, and the graph without
 # the YNNPACK library fusions (the module docstring).
@@ -212,6 +213,16 @@ def generation_plan(config: ModelConfig, shape: GenerationShape, dtype, memory_b
   plans = planner.Planner(config, memory_budget, 65536, jnp.dtype(dtype).itemsize)
   return plans.generation_slots(masks=shape.masks, docs=shape.docs, prefix=prefix, suffix=suffix, new=new,
                                 stop_states=shape.stop_states, platform=platform)
+
+
+def gpu80_budget(config: ModelConfig) -> int:
+  """`device_budget` on an 80 GB GPU (`GPU80_BYTES`) with bfloat16 parameters."""
+  return device_budget(GPU80_BYTES, param_bytes(config, jnp.bfloat16))
+
+
+def gpu80_generation_plan(config: ModelConfig, shape: GenerationShape) -> planner.GenerationSlots:
+  """The generator's bfloat16 layout for `shape` on an 80 GB GPU (`gpu80_budget`)."""
+  return generation_plan(config, shape, jnp.bfloat16, gpu80_budget(config))
 
 
 def _nbytes(tree) -> int:

@@ -76,7 +76,6 @@ def rehearse(model: LoadedModel, engine_config: EngineConfig | None = None, outp
       "output_dir": directory}
 
 
-GPU_BYTES = int(0.75 * 80e9)  # an 80 GB GPU's bytes_limit under XLA's default 75% preallocation
 GPU_TOKENS_PER_BATCH = 65536
 
 
@@ -109,7 +108,7 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   sds = jax.ShapeDtypeStruct
   itemsize = jnp.dtype(dtype).itemsize
   params_bytes = memory.param_bytes(config, dtype)
-  budget = GPU_BYTES - params_bytes
+  budget = memory.GPU80_BYTES - params_bytes
   plans = planner.Planner(config, budget, GPU_TOKENS_PER_BATCH, itemsize)
   compiled_plans = dataclasses.replace(plans, dtype_bytes=jnp.dtype(compile_dtype).itemsize)
   shape = memory.LONG_SHAPES[1]

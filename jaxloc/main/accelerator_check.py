@@ -16,7 +16,8 @@ Steps, each writing <output_dir>/<step>.json:
               MFU against the bfloat16 matmul peak measured in the same step, greedy generation tokens/s, compiles
               and compile seconds;
   memory      the planner's estimate of its own planned scoring call against XLA's `memory_analysis()` on the
-              device, per model;
+              device, per model; and the GSM8K job's decode step at its 80 GB layout, bytes against the floor by
+              the device's XLA (the same step compiled for an H100 without one: docs/memory/benchmark_memory_h100.json);
   rehearsal   the real localization pipeline on random:llama-3.2-1b (`jaxloc.bench.rehearsal`): wall time, peak
               host memory, compiles, the planner's shapes;
   generation  the GSM8K generation workload (`jaxloc.bench.gsm8k_generation`) on random:llama-3.1-8b in bfloat16:
@@ -51,7 +52,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloc import cli, files
-from jaxloc.bench import gsm8k_generation, memory, rehearsal, throughput
+from jaxloc.bench import decode_cost, gsm8k_generation, memory, rehearsal, throughput
 from jaxloc.config import setting
 from jaxloc.engine import planner
 from jaxloc.engine.config import EngineConfig
@@ -230,7 +231,9 @@ def step_throughput(config: AcceleratorCheckConfig) -> dict[str, Any]:
 
 def step_memory(config: AcceleratorCheckConfig) -> dict[str, Any]:
   """The engine's plan on this device for the addition task, compiled with abstract parameters at that shape:
-  XLA's bytes against the planner's estimate (`jaxloc.bench.memory`)."""
+  XLA's bytes against the planner's estimate (`jaxloc.bench.memory`); and the GSM8K generation job's decode step at
+  its 80 GB layout, by this device's XLA, against its floor (`jaxloc.bench.decode_cost`): the step that
+  docs/memory/benchmark_memory_h100.json has from XLA:GPU compiling for an H100 without one."""
   import jax.numpy as jnp
 
   tokenizer = _tokenizer(config)
@@ -246,6 +249,13 @@ def step_memory(config: AcceleratorCheckConfig) -> dict[str, Any]:
     start = time.perf_counter()
     row = memory.compare(model_config, shape, jnp.bfloat16, plan.masks_per_call, plan.requests_per_call)
     result[name] = {**row, "param_gib": params / memory.GIB, "compile_seconds": time.perf_counter() - start}
+    job = memory.GSM8K_GENERATION
+    prefix, suffix, new = job.widths
+    layout = memory.gpu80_generation_plan(model_config, job)
+    start = time.perf_counter()
+    cost = decode_cost.step_cost(model_config, jnp.bfloat16, layout.slots, layout.rows, prefix, suffix + new, new,
+                                 top=4, held_layers=layout.held_layers)
+    result[name]["decode_step"] = {**cost, "compile_seconds": time.perf_counter() - start}
   return result
 
 

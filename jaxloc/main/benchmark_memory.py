@@ -7,15 +7,16 @@ SmolLM2 tokenizer, plus two long synthetic shapes), the engine's plan is made tw
 tokens per call, 8 GiB) and as on an 80 GB GPU (65536 tokens per call, the default budget of a 75% `bytes_limit`
 less the bfloat16 parameters). Each planned call is compiled with abstract parameters (nothing is allocated) and
 XLA's `memory_analysis()` is compared with the planner's estimate (`jaxloc.bench.memory`; on a CPU the larger of
-the graph XLA:CPU runs and the graph without its library fusions, which holds what an accelerator holds). Compiled
-on this backend in float32: XLA's CPU backend upcasts bfloat16 matmuls to float32 (copying the weights), which
-would not describe an accelerator. Then the batches an 80 GB GPU and a 16 GiB TPU core get, per preset and task.
+the graph XLA:CPU runs and the graph without its library fusions, which holds what an accelerator holds). On a CPU
+compiled in float32: XLA's CPU backend upcasts bfloat16 matmuls to float32 (copying the weights), which would not
+describe an accelerator; on an accelerator, or for a `--target`, in bfloat16 and for the 80 GB plan only, as it
+runs there (`compile_dtype`). Then the batches an 80 GB GPU and a 16 GiB TPU core get, per preset and task.
 
 Generation (`--parts=generation`): for every preset, the GSM8K-like generation job (`memory.GSM8K_GENERATION`: 400
 masks x 100 documents, a 700-token shared prefix, 120-token questions, 256 new tokens) laid out as the generator
-lays it out on an 80 GB GPU (bfloat16 plan), its calls compiled in float32 with abstract parameters and state, the
-planner's estimate against the peak of XLA's bytes over the calls. Decode cost (`--parts=decode_cost`): one decode
-step of that job at `--decode_preset`'s layout, the bytes XLA's graph moves against the floor
+lays it out on an 80 GB GPU (bfloat16 plan), its calls compiled (`compile_dtype`) with abstract parameters and
+state, the planner's estimate against the peak of XLA's bytes over the calls. Decode cost (`--parts=decode_cost`):
+one decode step of that job at `--decode_preset`'s layout, the bytes XLA's graph moves against the floor
 (`jaxloc.bench.decode_cost`). Only the generation parts:
 
     python -m experiments.benchmark_memory --parts=generation,decode_cost --output_json=benchmark_memory.json
@@ -65,7 +66,6 @@ class BenchmarkMemoryConfig:
   output_json: str = setting(None, "Where to write the figures (an existing file keeps the parts not run).", type=str)
 
 
-GPU_BYTES = int(0.75 * 80e9)  # an 80 GB GPU's bytes_limit under XLA's default 75% preallocation
 TPU_CORE_BYTES = 16 * memory.GIB
 SETTINGS = {"cpu": (2048, 8 * memory.GIB), "gpu80": (65536, None)}
 
@@ -90,9 +90,13 @@ def main(config: BenchmarkMemoryConfig) -> None:
 
   payload = (files.read_json(config.output_json) or {}) if config.output_json else {}
   with deviceless.compiling_for(config.target or None):
-    payload["backend"] = deviceless.platform()
-    if config.target:
-      payload["target"] = deviceless.TARGETS[config.target]["description"] + " (compiled without one)"
+    compiled_for = {"backend": deviceless.platform(), "target": deviceless.TARGETS[config.target]["description"]
+                    + " (compiled without one)" if config.target else None}
+    earlier = {key: payload.get(key) for key in compiled_for}
+    if payload and earlier != compiled_for:  # parts not run this time would describe another device
+      raise UserError(f"--output_json={config.output_json} holds figures compiled for {earlier}, not "
+                      f"{compiled_for}: write this run's elsewhere")
+    payload.update(compiled_for)
     if "scoring" in config.parts:
       payload.update(scoring(config))
     if "generation" in config.parts:
@@ -126,7 +130,7 @@ def scoring(config: BenchmarkMemoryConfig) -> dict:
     params_bf16 = memory.param_bytes(model, jnp.bfloat16)
     for shape in shapes:
       for setting, (tokens, budget) in settings.items():
-        budget = budget or memory.device_budget(GPU_BYTES, params_bf16)
+        budget = budget or memory.device_budget(memory.GPU80_BYTES, params_bf16)
         dtype = jnp.float32 if setting == "cpu" else jnp.bfloat16
         plan = memory.plan(model, shape, dtype, budget, tokens)
         start = time.perf_counter()
@@ -137,12 +141,13 @@ def scoring(config: BenchmarkMemoryConfig) -> dict:
               f"{row['estimate_bytes'] / memory.GIB:12.2f} {row['xla_bytes'] / memory.GIB:8.2f} {row['ratio']:6.2f}",
               flush=True)
       batch = {"preset": preset, "task": shape.name}
-      for device, device_bytes in (("gpu80", GPU_BYTES), ("tpu16", TPU_CORE_BYTES)):
+      for device, device_bytes in (("gpu80", memory.GPU80_BYTES), ("tpu16", TPU_CORE_BYTES)):
         parallel = memory.min_model_parallel(device_bytes, params_bf16)
         plan = memory.plan(model, shape, jnp.bfloat16, memory.device_budget(device_bytes, params_bf16, parallel),
                            65536)
         batch[device] = {"model_parallel": parallel, "masks_per_call": plan.masks_per_call,
-                         "requests_per_call": plan.requests_per_call, "estimated_gib": plan.estimated_bytes / memory.GIB}
+                         "requests_per_call": plan.requests_per_call,
+                         "estimated_gib": plan.estimated_bytes / memory.GIB}
       batches.append(batch)
   ratios = [r["ratio"] for r in rows]
   print(f"\nestimate / XLA over {len(rows)} planned calls: min {min(ratios):.3f}, max {max(ratios):.3f}")
@@ -179,8 +184,8 @@ def generation(config: BenchmarkMemoryConfig) -> list[dict]:
   rows = []
   for preset in config.presets:
     model = PRESETS[preset]
-    budget = memory.device_budget(GPU_BYTES, memory.param_bytes(model, jnp.bfloat16))
-    plan = memory.generation_plan(model, shape, jnp.bfloat16, budget)
+    budget = memory.gpu80_budget(model)
+    plan = memory.gpu80_generation_plan(model, shape)
     start = time.perf_counter()
     row = memory.compare_generation(model, shape, compile_dtype(), plan.slots, plan.rows, plan.held_layers)
     row.update(preset=preset, budget_bytes=budget, plan_estimate_bytes=plan.estimated_bytes,
@@ -204,8 +209,7 @@ def decode_step(config: BenchmarkMemoryConfig) -> list[dict]:
   model = PRESETS[config.decode_preset]
   shape = memory.GSM8K_GENERATION
   prefix, suffix, new = shape.widths
-  plan = memory.generation_plan(model, shape, jnp.bfloat16,
-                                memory.device_budget(GPU_BYTES, memory.param_bytes(model, jnp.bfloat16)))
+  plan = memory.gpu80_generation_plan(model, shape)
   cpu = deviceless.platform() == "cpu"
   dtype = compile_dtype()
   graphs = dict(zip(("xla_cpu", "without_library_fusions"), memory.CPU_GRAPHS)) if cpu else {"as_compiled": {}}

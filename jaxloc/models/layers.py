@@ -183,7 +183,8 @@ def kernels_output_major() -> bool:
 @contextlib.contextmanager
 def kernel_layout_for(platform: str) -> Iterator[None]:
   """Within it, `kernels_output_major` answers for `platform` ("cpu", "gpu", "tpu"), not the backend in use: for
-  compiling ahead of time for another backend (`jaxloc.bench.deviceless`)."""
+  compiling ahead of time for another backend (`jaxloc.bench.deviceless`). Lay the layers out and trace in the same
+  context: the answer is no part of a jitted function's cache key, so a function traced outside keeps its trace."""
   _LAYOUT_PLATFORMS.append(platform)
   try:
     yield
@@ -300,7 +301,8 @@ class Attention(nn.Module):
       else:  # each request's own
         earlier_k, earlier_v = earlier.k[..., :width], earlier.v[:, :, :, :width]
         # Apart from every other block's product: products sharing the queries are otherwise merged by XLA:GPU's dot
-        # merger into one over the blocks concatenated, a copy of every layer's keys in every step.
+        # merger into one over the blocks concatenated, a copy of every layer's keys in every step. (Decoding reads
+        # its blocks whole; a part of one, `width` short of it, would be copied to pass the barrier.)
         query, earlier_k = jax.lax.optimization_barrier((q, earlier_k))
         block = _per_request(jnp.moveaxis(query, 2, 4), earlier_k.astype(dtype), jnp.float32)  # [M, R, K, G, S, C]
         product = lambda p, v: jnp.moveaxis(_per_request(p, v), 4, 2)  # noqa: E731  [M, R, S, K, G, Dh]

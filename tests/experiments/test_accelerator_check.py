@@ -46,6 +46,8 @@ def test_the_kit_runs_every_step_on_cpu_without_the_optional_dependencies(tmp_pa
   # laid out once for the job, and the decode chunk.
   assert tiny["masks_per_second"] > 0 and tiny["generation_tokens_per_s"] > 0 and 0 < tiny["compilations"] <= 7
   assert 1.0 <= steps["memory"]["tiny"]["ratio"] < 1.5  # the planner never under XLA's own accounting
+  decode = steps["memory"]["tiny"]["decode_step"]  # the GSM8K job's decode step by the device's XLA
+  assert decode["ratio"] >= 1 and decode["hlo_check"] == pytest.approx(decode["xla_cost_analysis"], rel=1e-2)
   rehearsal = steps["rehearsal"]["float32"]
   assert rehearsal["engine"]["compilations"] <= 10 and rehearsal["peak_host_gib"] > 0
   assert rehearsal["planner"]["scoring_shapes"]
