@@ -25,7 +25,7 @@ For a GPU that is not here (`--target=h100`, `jaxloc.bench.deviceless`: XLA:GPU 
 with no GPU or driver; XLA's CUDA plugin on the path): every call in bfloat16, as the GPU runs it, XLA:GPU's own
 graph and memory analysis; the decode step's bytes also as milliseconds at the device's memory bandwidth.
 
-    pip install --no-deps --target=.deviceless jax-cuda12-plugin==$JAX jax-cuda12-pjrt==$JAX   # $JAX: jax's version
+    pip install --no-deps --target=.deviceless jax-cuda12-plugin==$JAX jax-cuda12-pjrt==$JAX   # $JAX: jaxlib's version
     PYTHONPATH=.deviceless python -m experiments.benchmark_memory --target=h100 --parts=generation,decode_cost \
         --output_json=benchmark_memory_h100.json
 """
