@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxloc.bench import deviceless
 from jaxloc.bench.previous_generation import PreviousGenerator
 from jaxloc.bench.torch_baselines import ablated_heads
 from jaxloc.engine import batching, stops as stop_strings
@@ -56,6 +57,9 @@ from jaxloc.tasks import gsm8k
 log = logging.getLogger(__name__)
 
 PROJECTED_MASKS, PROJECTED_DOCS = 400, 100  # the paper-scale GSM8K localization the projection is for
+H100 = deviceless.TARGETS["h100"]["description"]
+# Nominal memory bandwidths (GB/s) of the GPUs the kit is lent, by how their `device_kind` starts.
+NOMINAL_BANDWIDTH_GBS = {H100: deviceless.TARGETS["h100"]["memory_bandwidth"] / 1e9, "NVIDIA H200": 4800.0}
 
 
 def shipped_questions() -> list[str]:
@@ -276,6 +280,21 @@ def _figures(run: dict[str, Any], docs: int, floor: float) -> dict[str, Any]:
   return out
 
 
+def h100_minutes(minutes: float, device_kind: str) -> dict[str, Any]:
+  """`minutes` measured on a device of `device_kind`, projected to an 80 GB H100 SXM by the two nominal memory
+  bandwidths (`NOMINAL_BANDWIDTH_GBS`): decode, most of the work, is bound by memory; prefill is bound by compute, at
+  the same dense bfloat16 peak on an H100 and an H200, so that scaling it too makes the figure from an H200 an upper
+  bound. None where this device's nominal bandwidth is unknown (a CPU)."""
+  here = next((gbs for kind, gbs in NOMINAL_BANDWIDTH_GBS.items() if device_kind.startswith(kind)), None)
+  if here is None:
+    return {"h100_minutes": None, "h100_projection": f"not projected to an H100: no nominal bandwidth for "
+                                                     f"{device_kind!r}"}
+  scaled = minutes * here / NOMINAL_BANDWIDTH_GBS[H100]
+  return {"h100_minutes": scaled, "nominal_bandwidth_gbs": here,
+          "h100_projection": f"on an H100: {scaled:.1f} minutes ({minutes:.1f} here x {here:.0f} / "
+                             f"{NOMINAL_BANDWIDTH_GBS[H100]:.0f} GB/s nominal)"}
+
+
 def _equal(texts: Sequence[Sequence[str]], reference: Sequence[Sequence[str]]) -> dict[str, int]:
   pairs = [(a, b) for row, ref in zip(texts, reference) for a, b in zip(row, ref)]
   return {"equal": sum(a == b for a, b in pairs), "compared": len(pairs)}
@@ -300,10 +319,10 @@ def _job_layout(engine: Engine, known: set, masks: int, docs: int, prefix: int, 
 
 
 def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray, *, peak_gflops: float,
-        bandwidth_gbs: float, previous_masks: int = 0, torch_model=None, torch_masks: int = 0,
+        bandwidth_gbs: float, previous_masks: int | None = 0, torch_model=None, torch_masks: int = 0,
         torch_result: dict[str, Any] | None = None, questions: str = "", rounds: int) -> dict[str, Any]:
   """The workload: `requests` (one stop set and cap) under every keep-mask of `keep` [M, L, H] with the engine's
-  generator, the previous generator on the first `previous_masks` masks (0: all) and `transformers.generate` on the
+  generator, the previous generator on the first `previous_masks` masks (0: all; None: not run) and `transformers.generate` on the
   first `torch_masks` (0: all) with `torch_model`, or `torch_result` (`torch_generate`'s, run by the caller
   beforehand: the kit runs it before JAX holds the GPU; `"same_weights": False` in it when the PyTorch model's weights
   are not the engine's, whose texts are then not compared); `questions` says where the questions came from.
@@ -322,8 +341,10 @@ def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray,
   timers["jaxloc"] = _engine_timer(engine.generate, engine, requests, keep)
   rows_per_call, rows_per_slot, held, layout_source = _job_layout(engine, known, masks, docs, prefix, suffixes,
                                                                   requests[0].max_new_tokens)
-  previous = keep[:previous_masks or masks]
-  timers["previous_generator"] = _engine_timer(PreviousGenerator(engine.shared).generate, engine, requests, previous)
+  if previous_masks is not None:
+    previous = keep[:previous_masks or masks]
+    timers["previous_generator"] = _engine_timer(PreviousGenerator(engine.shared).generate, engine, requests,
+                                                 previous)
   if torch_result is None and torch_model is not None:
     eos = sorted({*c.eos_token_ids, *([tok.eos_token_id] if tok.eos_token_id is not None else [])})
     timers["transformers_generate"] = lambda: torch_generate(torch_model, tok, requests, keep[:torch_masks or masks],
@@ -346,8 +367,9 @@ def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray,
   for name, figures in runs.items():
     result[name] = _figures(figures, docs, floor["floor_seconds"])
   now = result["jaxloc"]
-  result["previous_generator"]["texts_equal_jaxloc"] = _equal(runs["previous_generator"]["texts"],
-                                                              runs["jaxloc"]["texts"])
+  if "previous_generator" in runs:
+    result["previous_generator"]["texts_equal_jaxloc"] = _equal(runs["previous_generator"]["texts"],
+                                                                runs["jaxloc"]["texts"])
   # Each speed-up is the median of the rounds' own ratios; a result run beforehand (the kit's) has no round.
   for name in ("previous_generator", "transformers_generate"):
     if name in timers:
@@ -395,8 +417,7 @@ def format_lines(w: dict[str, Any]) -> list[str]:
     if name not in w:
       continue
     r = w[name]
-    speedup = {"jaxloc": 1.0, "previous_generator": w["speedup_vs_previous_generator"],
-               "transformers_generate": w.get("speedup_vs_transformers_generate")}[name]
+    speedup = 1.0 if name == "jaxloc" else w[f"speedup_vs_{name}"]
     equal = r.get("texts_equal_jaxloc")
     equal = f"{equal['equal']}/{equal['compared']}" if equal else "-"
     first = f"{r['compile_and_first_seconds']:.1f}s" if "compile_and_first_seconds" in r else "-"
@@ -422,9 +443,9 @@ def format_lines(w: dict[str, Any]) -> list[str]:
                f"({f['bound']}-bound); {w['shared_prefix_tokens']}-token shared prefix, suffixes "
                f"{w['suffix_tokens_mean']:.0f} tokens on average, {w['rows_per_call']} rows per decode call "
                f"({w['rows_per_mask_slot']} per mask slot{_held_words(w.get('layers_held'))})")
-  lines.append(f"projection, {PROJECTED_MASKS} masks x {PROJECTED_DOCS} documents: jaxloc "
-               f"{w['jaxloc']['projected_minutes']:.0f} min, previous generator "
-               f"{w['previous_generator']['projected_minutes']:.0f} min"
-               + (f", transformers.generate {w['transformers_generate']['projected_minutes']:.0f} min"
-                  if "transformers_generate" in w else ""))
+  named = {"jaxloc": "jaxloc", "previous_generator": "previous generator",
+           "transformers_generate": "transformers.generate"}
+  lines.append(f"projection, {PROJECTED_MASKS} masks x {PROJECTED_DOCS} documents: "
+               + ", ".join(f"{words} {w[name]['projected_minutes']:.0f} min" for name, words in named.items()
+                           if name in w))
   return lines

@@ -100,10 +100,11 @@ STRESS_CALLS = ((1, 16, 512, 0, 1), (4, 16, 512, 0, 1), (2, 8, 256, 512, 1), (4,
                 (2, 4, 1024, 0, 1), (8, 100, 16, 40, 4), (1, 1, 64, 2048, 1), (4, 8, 64, 1024, 8))
 
 
-def device_budget(device_bytes: int, params: int, model_parallel: int = 1) -> int:
-  """The engine's default activation budget on an accelerator with `device_bytes` (its `bytes_limit`) once a
-  1/model_parallel share of the parameters is placed (`planner.accelerator_budget`)."""
-  return planner.accelerator_budget(device_bytes, params // model_parallel)
+def device_budget(device_bytes: int, params: int, model_parallel: int = 1, share: float = planner.FREE_SHARE) -> int:
+  """The engine's activation budget on an accelerator with `device_bytes` (its `bytes_limit`) once a 1/model_parallel
+  share of the parameters is placed (`planner.accelerator_budget`; `share` of what is free, the default's unless
+  told)."""
+  return planner.accelerator_budget(device_bytes, params // model_parallel, share)
 
 
 def min_model_parallel(device_bytes: int, params: int) -> int:
@@ -215,14 +216,15 @@ def generation_plan(config: ModelConfig, shape: GenerationShape, dtype, memory_b
                                 stop_states=shape.stop_states, platform=platform)
 
 
-def gpu80_budget(config: ModelConfig) -> int:
-  """`device_budget` on an 80 GB GPU (`GPU80_BYTES`) with bfloat16 parameters."""
-  return device_budget(GPU80_BYTES, param_bytes(config, jnp.bfloat16))
+def gpu80_budget(config: ModelConfig, share: float = planner.FREE_SHARE) -> int:
+  """`device_budget` on an 80 GB GPU (`GPU80_BYTES`) with bfloat16 parameters (`share` of what is free)."""
+  return device_budget(GPU80_BYTES, param_bytes(config, jnp.bfloat16), share=share)
 
 
-def gpu80_generation_plan(config: ModelConfig, shape: GenerationShape) -> planner.GenerationSlots:
-  """The generator's bfloat16 layout for `shape` on an 80 GB GPU (`gpu80_budget`)."""
-  return generation_plan(config, shape, jnp.bfloat16, gpu80_budget(config))
+def gpu80_generation_plan(config: ModelConfig, shape: GenerationShape, share: float = planner.FREE_SHARE
+                          ) -> planner.GenerationSlots:
+  """The generator's bfloat16 layout for `shape` on an 80 GB GPU (`gpu80_budget` at `share`)."""
+  return generation_plan(config, shape, jnp.bfloat16, gpu80_budget(config, share))
 
 
 def _nbytes(tree) -> int:

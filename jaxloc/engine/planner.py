@@ -62,9 +62,13 @@ def default_memory_budget() -> int:
   return int(min(8 * GIB, physical / 4))
 
 
-def accelerator_budget(limit: int, in_use: int) -> int:
-  """60% of what an accelerator has free once the parameters are placed."""
-  return int(0.6 * (limit - in_use))
+# The share of an accelerator's free memory (once the parameters are placed) that activations may take by default.
+FREE_SHARE = 0.6
+
+
+def accelerator_budget(limit: int, in_use: int, share: float = FREE_SHARE) -> int:
+  """`share` (default 60%) of what an accelerator has free once the parameters are placed."""
+  return int(share * (limit - in_use))
 
 
 def default_tokens_per_batch() -> int:

@@ -26,7 +26,10 @@ Steps, each writing <output_dir>/<step>.json:
               peak and the memory bandwidth measured in the step) and the projection to 400 masks x 100 documents;
               the previous generator on 1 mask, and when torch is present `transformers.generate` on 2 masks with
               transformers' own random weights of the same config (no twin of jaxloc's: texts differ, the work is
-              the same). Its PyTorch part runs first, before JAX takes the GPU's memory: give it a call of its own.
+              the same). Its PyTorch part runs first, before JAX takes the GPU's memory: give it a call of its own;
+  h100        the same workload, jaxloc's generator alone, at an 80 GB H100's memory budgets on whatever GPU this is:
+              the default and a wide one (`WIDE_SHARE`), each with its layout, seconds per mask and the projection
+              to 400 masks on an H100 (scaled by the nominal bandwidths where this is another GPU).
 
 The lent image has JAX with CUDA, flax, optax, orbax, transformers, scikit-learn, tqdm and absl but no network:
 the SmolLM2 tokenizer travels as a saved folder (`--pack`), not as the 98 MB package holding its weights, and no
@@ -67,7 +70,7 @@ from jaxloc.models.loading import SMOLLM2_ALIAS, load_model, load_tokenizer, res
 
 log = logging.getLogger(__name__)
 
-STEPS = ("device", "parity", "throughput", "memory", "rehearsal", "generation")
+STEPS = ("device", "parity", "throughput", "memory", "rehearsal", "generation", "h100")
 MODELS = ("random:llama-3.2-1b", "random:llama-3.1-8b")
 REHEARSAL_MODEL = "random:llama-3.2-1b"
 GENERATION_MODEL = "random:llama-3.1-8b"
@@ -80,6 +83,8 @@ WHEELS = (("gguf", "loading .gguf checkpoints (the embedded SmolLM2)"),
 ON_IMAGE = ("jax", "flax", "optax", "orbax-checkpoint", "transformers", "tokenizers", "scikit-learn", "numpy",
             "absl-py", "tqdm", "safetensors", "huggingface-hub", "jinja2", "matplotlib", "ml-dtypes", "filelock")
 KIT_LIMIT_MB = 60
+# The `h100` step's wider budget: this share of what an 80 GB card has free once the parameters are placed.
+WIDE_SHARE = 0.9
 
 
 @dataclasses.dataclass
@@ -272,21 +277,46 @@ def step_rehearsal(config: AcceleratorCheckConfig) -> dict[str, Any]:
           for dtype in dtypes}
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerationWork:
+  """The GSM8K generation workload of the kit's generation steps: GENERATION_MODEL (with --small the tiny model),
+  `requests` (the shipped questions, 5-shot, the task's stops and cap) under the random 5-head masks `keep`."""
+
+  name: str
+  model_config: Any
+  tokenizer: Any
+  requests: list
+  keep: np.ndarray
+  questions: str
+
+  @classmethod
+  def of(cls, config: AcceleratorCheckConfig) -> "GenerationWork":
+    tokenizer = _tokenizer(config)
+    if config.small:  # 4 questions x 2 masks x 16 tokens
+      name, model_config, num_docs, num_masks, new_tokens = (
+          "tiny", rehearsal.tiny_config(len(tokenizer), tokenizer.eos_token_id), 4, 2, 16)
+    else:
+      name, model_config, num_docs, num_masks, new_tokens = (
+          GENERATION_MODEL, presets.preset_config(GENERATION_MODEL), 100, 8, 256)
+    docs, questions = gsm8k_generation.load_docs(num_docs)
+    return cls(name, model_config, tokenizer, gsm8k_generation.gsm8k_requests(docs, new_tokens),
+               random_masks(model_config, num_masks, 5), questions)
+
+  def projection(self, figures: dict[str, Any]) -> str:
+    docs = len(self.requests)
+    return (f"{gsm8k_generation.PROJECTED_MASKS} masks x {gsm8k_generation.PROJECTED_DOCS} documents = "
+            f"{figures['projected_minutes']:.1f} minutes"
+            + ("" if docs == gsm8k_generation.PROJECTED_DOCS else f" (scaled linearly from {docs} documents)"))
+
+
 def step_generation(config: AcceleratorCheckConfig) -> dict[str, Any]:
   """The GSM8K generation workload on GENERATION_MODEL in bfloat16 (with --small: the tiny model, 4 questions x 2
   masks x 16 tokens); `transformers.generate` first, so that it finds the GPU's memory free."""
   import jax.numpy as jnp
 
-  tokenizer = _tokenizer(config)
-  if config.small:
-    name, model_config = "tiny", rehearsal.tiny_config(len(tokenizer), tokenizer.eos_token_id)
-    num_docs, num_masks, previous_masks, torch_masks, new_tokens = 4, 2, 2, 2, 16
-  else:
-    name, model_config = GENERATION_MODEL, presets.preset_config(GENERATION_MODEL)
-    num_docs, num_masks, previous_masks, torch_masks, new_tokens = 100, 8, 1, 2, 256
-  docs, questions = gsm8k_generation.load_docs(num_docs)
-  requests = gsm8k_generation.gsm8k_requests(docs, new_tokens)
-  keep = random_masks(model_config, num_masks, 5)
+  work = GenerationWork.of(config)
+  name, model_config, tokenizer, requests, keep = work.name, work.model_config, work.tokenizer, work.requests, work.keep
+  previous_masks, torch_masks = (2, 2) if config.small else (1, 2)
   result: dict[str, Any] = {"model": name, "dtype": "bfloat16",
                             "note": "random weights: rows rarely meet a stop string or EOS, so nearly every row runs "
                                     "to the cap (an upper bound on GSM8K's work)"}
@@ -312,14 +342,10 @@ def step_generation(config: AcceleratorCheckConfig) -> dict[str, Any]:
   bandwidth = gsm8k_generation.memory_bandwidth(32 * 2**20 if config.small else None)
   workload = gsm8k_generation.run(engine, requests, keep, peak_gflops=_peaks(config.small)["bfloat16"],
                                   bandwidth_gbs=bandwidth["best"], previous_masks=previous_masks,
-                                  torch_result=torch_result, questions=questions, rounds=1)
+                                  torch_result=torch_result, questions=work.questions, rounds=1)
   now = workload["jaxloc"]
   result.update({"seconds_per_mask": now["seconds_per_mask"], "tokens_per_second": now["tokens_per_second"],
-                 "roofline_fraction": now["roofline_fraction"],
-                 "projection": f"{gsm8k_generation.PROJECTED_MASKS} masks x {gsm8k_generation.PROJECTED_DOCS} "
-                               f"documents = {now['projected_minutes']:.1f} minutes"
-                               + ("" if num_docs == gsm8k_generation.PROJECTED_DOCS
-                                  else f" (scaled linearly from {num_docs} documents)"),
+                 "roofline_fraction": now["roofline_fraction"], "projection": work.projection(now),
                  "previous_generator": workload["previous_generator"], "memory_bandwidth_gbs": bandwidth,
                  "compilations": engine.compile_count, "compile_seconds": engine.compile_time.seconds,
                  "workload": workload, "table": gsm8k_generation.format_lines(workload)})
@@ -327,9 +353,52 @@ def step_generation(config: AcceleratorCheckConfig) -> dict[str, Any]:
   return result
 
 
+def step_h100(config: AcceleratorCheckConfig) -> dict[str, Any]:
+  """The generation step's workload (jaxloc's generator alone) at an 80 GB H100's memory budgets, whatever GPU this
+  is: the engine's default (`planner.FREE_SHARE` of what an 80 GB card has free once the bfloat16 parameters are
+  placed, `memory.gpu80_budget`) and a wider one (`WIDE_SHARE`: what the default's reserve would buy an H100, more
+  rows a decode step). Each: the layout the generator chose, seconds per mask, the roofline fraction here, and the
+  projection to 400 masks x 100 documents here and on an H100 (`gsm8k_generation.h100_minutes`: this device's time
+  scaled by the two nominal memory bandwidths, an upper bound). On an 80 GB H100 the default is the generation
+  step's own layout, and the wide one tells whether that budget runs."""
+  import gc
+
+  import jax
+  import jax.numpy as jnp
+
+  work = GenerationWork.of(config)
+  model = rehearsal.random_model(work.name, work.model_config, jnp.bfloat16, work.tokenizer)
+  device = jax.devices()[0]
+  bandwidth = gsm8k_generation.memory_bandwidth(32 * 2**20 if config.small else None)
+  peak = _peaks(config.small)["bfloat16"]
+  result: dict[str, Any] = {"model": work.name, "dtype": "bfloat16", "device_kind": device.device_kind,
+                            "memory_bandwidth_gbs": bandwidth, "budgets": {}}
+  for label, share in (("default", planner.FREE_SHARE), ("wide", WIDE_SHARE)):
+    budget = memory.gpu80_budget(work.model_config, share)
+    engine = Engine(model, EngineConfig(memory_budget_gb=budget / memory.GIB))
+    workload = gsm8k_generation.run(engine, work.requests, work.keep, peak_gflops=peak, bandwidth_gbs=bandwidth["best"],
+                                    previous_masks=None, questions=work.questions, rounds=1)
+    now = workload["jaxloc"]
+    h100 = gsm8k_generation.h100_minutes(now["projected_minutes"], device.device_kind)
+    row = {"share_of_free": share, "budget_gib": budget / memory.GIB, "rows_per_call": workload["rows_per_call"],
+           "rows_per_mask_slot": workload["rows_per_mask_slot"], "layers_held": workload["layers_held"],
+           "seconds_per_mask": now["seconds_per_mask"], "tokens_per_second": now["tokens_per_second"],
+           "roofline_fraction": now["roofline_fraction"], "projection": work.projection(now), **h100,
+           "compilations": engine.compile_count, "compile_seconds": engine.compile_time.seconds,
+           "table": gsm8k_generation.format_lines(workload)}
+    result["budgets"][label] = row
+    print(f"at an 80 GB H100's budget, {label} ({share:.0%} of free, {row['budget_gib']:.1f} GiB): "
+          f"{row['rows_per_call']} rows a decode call, {now['seconds_per_mask']:.2f} s/mask here; "
+          f"{row['h100_projection']}", file=sys.stderr)
+    print("\n".join(row["table"]), file=sys.stderr)
+    del engine
+    gc.collect()
+  return result
+
+
 STEP_FUNCTIONS: dict[str, Callable[[AcceleratorCheckConfig], dict[str, Any]]] = {
     "device": step_device, "parity": step_parity, "throughput": step_throughput, "memory": step_memory,
-    "rehearsal": step_rehearsal, "generation": step_generation}
+    "rehearsal": step_rehearsal, "generation": step_generation, "h100": step_h100}
 
 
 def wheels() -> list[dict[str, Any]]:

@@ -23,7 +23,10 @@ one decode step of that job at `--decode_preset`'s layout, the bytes XLA's graph
 
 For a GPU that is not here (`--target=h100`, `jaxloc.bench.deviceless`: XLA:GPU compiles for the described device
 with no GPU or driver; XLA's CUDA plugin on the path): every call in bfloat16, as the GPU runs it, XLA:GPU's own
-graph and memory analysis; the decode step's bytes also as milliseconds at the device's memory bandwidth.
+graph and memory analysis; the decode step's bytes also as milliseconds at the device's memory bandwidth, and as
+the minutes 400 masks' decoding takes at that rate. `--free_share` lays the generation job out within another share
+of an 80 GB GPU's free memory than the engine's default (a wider budget: more rows a decode step); an
+`--output_json` holds the figures of one share. cuBLAS fallbacks are recorded per part.
 
     pip install --no-deps --target=.deviceless jax-cuda12-plugin==$JAX jax-cuda12-pjrt==$JAX   # $JAX: jaxlib's version
     PYTHONPATH=.deviceless python -m experiments.benchmark_memory --target=h100 --parts=generation,decode_cost \
@@ -39,7 +42,7 @@ import jax.numpy as jnp
 
 from jaxloc import cli, files
 from jaxloc.bench import decode_cost, deviceless, memory
-from jaxloc.engine import generation_kernels
+from jaxloc.engine import generation_kernels, planner
 from jaxloc.config import setting
 from jaxloc.errors import UserError
 from jaxloc.models.loading import load_model
@@ -63,6 +66,9 @@ class BenchmarkMemoryConfig:
   target: str = setting("", "Compile for this GPU instead of the backend in use, with no GPU here "
                         f"(jaxloc.bench.deviceless: {', '.join(deviceless.TARGETS)}; needs XLA's CUDA plugin), in "
                         "bfloat16 as the GPU runs it; empty: the backend in use.")
+  free_share: float = setting(planner.FREE_SHARE, "The share of an 80 GB GPU's free memory (once the parameters "
+                              "are placed) that the generation job's layouts take: the engine's default, or what a "
+                              "larger budget would lay out (the kit's h100 step runs both).", lower=0.05, upper=1.0)
   output_json: str = setting(None, "Where to write the figures (an existing file keeps the parts not run).", type=str)
 
 
@@ -91,24 +97,32 @@ def main(config: BenchmarkMemoryConfig) -> None:
   payload = (files.read_json(config.output_json) or {}) if config.output_json else {}
   with deviceless.compiling_for(config.target or None):
     compiled_for = {"backend": deviceless.platform(), "target": deviceless.TARGETS[config.target]["description"]
-                    + " (compiled without one)" if config.target else None}
+                    + " (compiled without one)" if config.target else None, "free_share": config.free_share}
     earlier = {key: payload.get(key) for key in compiled_for}
+    earlier["free_share"] = payload.get("free_share", planner.FREE_SHARE)  # (files from before the flag: the default)
     if payload and earlier != compiled_for:  # parts not run this time would describe another device
       raise UserError(f"--output_json={config.output_json} holds figures compiled for {earlier}, not "
                       f"{compiled_for}: write this run's elsewhere")
     payload.update(compiled_for)
-    if "scoring" in config.parts:
-      payload.update(scoring(config))
-    if "generation" in config.parts:
-      payload["generation"] = generation(config)
-    if "decode_cost" in config.parts:
-      payload["decode_cost"] = decode_step(config)
+    fallbacks: dict = {}  # per part; a file from before they were (a list) starts afresh
     if config.target:
-      payload["cublas_fallbacks"] = list(deviceless.FALLBACKS)
-      if deviceless.FALLBACKS:
-        print(f"\n{len(deviceless.FALLBACKS)} calls compiled with their matmuls on cuBLAS: XLA:GPU's Triton emitter "
-              f"found no tiling without the device to autotune (jaxloc.bench.deviceless.compile); the first: "
-              f"{deviceless.FALLBACKS[0]}")
+      earlier_fallbacks = payload.get("cublas_fallbacks")
+      fallbacks = payload["cublas_fallbacks"] = earlier_fallbacks if isinstance(earlier_fallbacks, dict) else {}
+    for part, run in (("scoring", scoring), ("generation", generation), ("decode_cost", decode_step)):
+      if part not in config.parts:
+        continue
+      deviceless.FALLBACKS.clear()
+      figures = run(config)
+      if part == "scoring":  # its figures are several top-level entries
+        payload.update(figures)
+      else:
+        payload[part] = figures
+      if config.target:  # per part: a run of some parts keeps the others' with their figures
+        fallbacks[part] = list(deviceless.FALLBACKS)
+        if deviceless.FALLBACKS:
+          print(f"\n{part}: {len(deviceless.FALLBACKS)} calls compiled with their matmuls on cuBLAS: XLA:GPU's Triton "
+                f"emitter found no tiling without the device to autotune (jaxloc.bench.deviceless.compile); the "
+                f"first: {deviceless.FALLBACKS[0]}")
   if config.output_json:
     files.write_json(config.output_json, payload)
 
@@ -184,8 +198,8 @@ def generation(config: BenchmarkMemoryConfig) -> list[dict]:
   rows = []
   for preset in config.presets:
     model = PRESETS[preset]
-    budget = memory.gpu80_budget(model)
-    plan = memory.gpu80_generation_plan(model, shape)
+    budget = memory.gpu80_budget(model, config.free_share)
+    plan = memory.gpu80_generation_plan(model, shape, config.free_share)
     start = time.perf_counter()
     row = memory.compare_generation(model, shape, compile_dtype(), plan.slots, plan.rows, plan.held_layers)
     row.update(preset=preset, budget_bytes=budget, plan_estimate_bytes=plan.estimated_bytes,
@@ -209,7 +223,7 @@ def decode_step(config: BenchmarkMemoryConfig) -> list[dict]:
   model = PRESETS[config.decode_preset]
   shape = memory.GSM8K_GENERATION
   prefix, suffix, new = shape.widths
-  plan = memory.gpu80_generation_plan(model, shape)
+  plan = memory.gpu80_generation_plan(model, shape, config.free_share)
   cpu = deviceless.platform() == "cpu"
   dtype = compile_dtype()
   graphs = dict(zip(("xla_cpu", "without_library_fusions"), memory.CPU_GRAPHS)) if cpu else {"as_compiled": {}}
@@ -227,8 +241,11 @@ def decode_step(config: BenchmarkMemoryConfig) -> list[dict]:
       if config.target:  # the time the step's bytes take at the target's memory bandwidth, the call's own spread
         bandwidth = deviceless.TARGETS[config.target]["memory_bandwidth"]
         cost["bandwidth_bound_ms"] = 1e3 * cost["amortized_ratio"] * cost["floor"]["total"] / bandwidth
+        # A mask slot's rows hold one mask's documents: a mask takes `new` steps of a slot, the call's `slots` share one.
+        cost["decode_minutes"] = shape.masks * new * cost["bandwidth_bound_ms"] / plan.slots / 6e4
         print(f"  at the {config.target}'s {bandwidth / 1e12:.2f} TB/s: {cost['bandwidth_bound_ms']:.2f} ms a step "
-              f"(the floor's: {1e3 * cost['floor']['total'] / bandwidth:.2f} ms)")
+              f"(the floor's: {1e3 * cost['floor']['total'] / bandwidth:.2f} ms), {plan.slots} masks a step: "
+              f"{shape.masks} masks x {new} steps = {cost['decode_minutes']:.1f} minutes of decoding")
   return results
 
 

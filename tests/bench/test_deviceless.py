@@ -157,4 +157,26 @@ def test_builds_h100_tables_are_the_committed_runs():
     line = next(line for line in build.splitlines() if line.startswith(f"| {cost['blocks']} ({cost['span']}"))
     assert f"{cost['step_bytes'] / 1e9:.2f} GB" in line and f"{cost['ratio']:.2f}×" in line
     assert f"{cost['amortized_ratio']:.2f}×" in line and f"{cost['bandwidth_bound_ms']:.2f} ms" in line
-  assert f"{len(run['cublas_fallbacks'])} of the 40 calls compiled on cuBLAS" in build
+  assert f"{len(run['cublas_fallbacks']['generation'])} of the 40 calls compiled on cuBLAS" in build
+
+
+def test_builds_budget_table_is_the_committed_runs_at_both_shares():
+  """BUILD.md's decode step at the default and the wide budget: docs/memory/benchmark_memory_h100.json and
+  benchmark_memory_h100_wide.json (`--free_share=0.9`), whose layouts are the planner's at those budgets."""
+  from jaxloc.bench import memory
+  from jaxloc.models.presets import PRESETS
+
+  with open(os.path.join(ROOT, "BUILD.md")) as f:
+    build = f.read().split("### Compiled for an H100 without one", 1)[1].split("\n### ", 1)[0]
+  model = PRESETS["llama-3.1-8b"]
+  for name, share in (("benchmark_memory_h100.json", 0.6), ("benchmark_memory_h100_wide.json", 0.9)):
+    with open(os.path.join(ROOT, "docs", "memory", name)) as f:
+      run = json.load(f)
+    assert run.get("free_share", 0.6) == share and run["target"].startswith("NVIDIA H100")
+    plan = memory.gpu80_generation_plan(model, memory.GSM8K_GENERATION, share)
+    for cost in run["decode_cost"]:
+      assert (cost["slots"], cost["rows"]) == (plan.slots, plan.rows)
+      row = (f"  | {share:.0%} ({memory.gpu80_budget(model, share) / memory.GIB:.2f} GiB) | {cost['slots']} × "
+             f"{cost['rows']} | {cost['blocks']} ({cost['span']}) | {cost['step_bytes'] / 1e9:.2f} GB | "
+             f"{cost['ratio']:.2f}× | {cost['bandwidth_bound_ms']:.2f} ms | {cost['decode_minutes']:.1f} min |")
+      assert row in build.splitlines(), row

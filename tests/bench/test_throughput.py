@@ -81,6 +81,31 @@ def test_the_gsm8k_workload_times_each_generator_on_the_same_texts(tiny_model):
   assert "DIFFERED" not in table
 
 
+def test_the_gsm8k_workload_runs_the_engine_alone_without_the_previous_generator(tiny_model):
+  from jaxloc.bench import gsm8k_generation
+
+  engine = Engine(tiny_model, EngineConfig(memory_budget_gb=0.5, activation_dtype="float32"))
+  docs, source = gsm8k_generation.load_docs(2)
+  result = gsm8k_generation.run(engine, gsm8k_generation.gsm8k_requests(docs, 4), random_masks(tiny_model.config, 2, 5),
+                                peak_gflops=10.0, bandwidth_gbs=10.0, previous_masks=None, questions=source, rounds=1)
+  assert "previous_generator" not in result and "speedup_vs_previous_generator" not in result
+  assert result["jaxloc"]["seconds_per_mask"] > 0
+  lines = gsm8k_generation.format_lines(result)
+  assert [line.split()[0] for line in lines[2:3]] == ["jaxloc"] and "previous" not in "\n".join(lines)
+  assert lines[-1].startswith("projection, 400 masks x 100 documents: jaxloc ")
+
+
+def test_minutes_on_another_gpu_are_projected_to_an_h100_by_nominal_bandwidth():
+  from jaxloc.bench import gsm8k_generation
+
+  on_h200 = gsm8k_generation.h100_minutes(10.0, "NVIDIA H200")
+  assert on_h200["h100_minutes"] == pytest.approx(10.0 * 4800 / 3352.32)  # an H100 reads memory 1.43x slower
+  assert "14.3 minutes" in on_h200["h100_projection"]
+  assert gsm8k_generation.h100_minutes(7.0, gsm8k_generation.H100)["h100_minutes"] == 7.0
+  unknown = gsm8k_generation.h100_minutes(7.0, "cpu")
+  assert unknown["h100_minutes"] is None and "no nominal bandwidth for 'cpu'" in unknown["h100_projection"]
+
+
 def test_gsm8k_rounds_reverse_their_order_and_take_medians():
   """The rounds time every implementation once each, the order reversed every other round (a linear drift of the
   machine cancels over a pair), and the speed-ups are the median of each round's own ratio."""

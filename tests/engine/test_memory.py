@@ -35,6 +35,26 @@ def test_the_planner_shrinks_a_call_to_the_budget():
   small = memory.plan(config, PLURALS, jnp.float32, big.estimated_bytes // 4, 65536)
   assert small.masks_per_call < big.masks_per_call and small.estimated_bytes <= big.estimated_bytes // 4
   assert planner.accelerator_budget(10 * memory.GIB, 2 * memory.GIB) == int(0.6 * 8 * memory.GIB)
+  assert planner.accelerator_budget(10 * memory.GIB, 2 * memory.GIB, 0.9) == int(0.9 * 8 * memory.GIB)
+
+
+def test_a_wider_share_of_an_80_gb_gpu_gives_the_8b_gsm8k_job_a_second_mask_slot():
+  config = PRESETS["llama-3.1-8b"]
+  default = memory.gpu80_generation_plan(config, memory.GSM8K_GENERATION)
+  wide = memory.gpu80_generation_plan(config, memory.GSM8K_GENERATION, 0.9)
+  assert (default.slots, default.rows, wide.slots, wide.rows) == (1, 128, 2, 128)
+  assert default.estimated_bytes <= memory.gpu80_budget(config) < wide.estimated_bytes <= memory.gpu80_budget(config, 0.9)
+
+
+def test_benchmark_memory_keeps_one_share_a_file(tmp_path):
+  from jaxloc import files
+  from jaxloc.errors import UserError
+  from jaxloc.main import benchmark_memory
+
+  out = str(tmp_path / "figures.json")
+  files.write_json(out, {"backend": "cpu", "target": None, "free_share": 0.9, "decode_cost": []})
+  with pytest.raises(UserError, match="free_share': 0.9"):
+    benchmark_memory.main(benchmark_memory.BenchmarkMemoryConfig(parts=["decode_cost"], output_json=out))
 
 
 # A generation job small enough to compile in seconds: 4 masks x 8 prompts after a 40-token prefix, 12-token

@@ -33,7 +33,7 @@ def test_the_kit_runs_every_step_on_cpu_without_the_optional_dependencies(tmp_pa
                          f"--tokenizer={tokenizer_dir}"], env=env, capture_output=True, text=True, timeout=1800)
   assert done.returncode == 0, done.stderr[-3000:]
   steps = {name: json.loads((out / f"{name}.json").read_text()) for name in
-           ("device", "parity", "throughput", "memory", "rehearsal", "generation")}
+           ("device", "parity", "throughput", "memory", "rehearsal", "generation", "h100")}
   assert steps["device"]["backend"] == "cpu" and steps["device"]["matmul_peak_gflops"]["bfloat16"] > 0
   assert steps["parity"]["float32_matmuls"] == "highest"  # what an engine runs float32 at, recorded
   for family in ("llama", "qwen2"):
@@ -58,6 +58,11 @@ def test_the_kit_runs_every_step_on_cpu_without_the_optional_dependencies(tmp_pa
   previous = generation["previous_generator"]
   assert previous["seconds_per_mask"] > 0 and previous["texts_equal_jaxloc"]["equal"] == previous["texts_equal_jaxloc"][
       "compared"] == 4 * 2
+  budgets = steps["h100"]["budgets"]  # the workload at an 80 GB H100's budgets: the default and the wide one
+  assert budgets["wide"]["budget_gib"] == pytest.approx(budgets["default"]["budget_gib"] * 0.9 / 0.6)
+  for row in budgets.values():
+    assert row["seconds_per_mask"] > 0 and row["rows_per_call"] > 0 and "400 masks x 100 documents" in row["projection"]
+    assert row["h100_minutes"] is None and "no nominal bandwidth for 'cpu'" in row["h100_projection"]
 
 
 def test_unknown_steps_are_a_user_error(tmp_path):
