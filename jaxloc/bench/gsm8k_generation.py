@@ -284,7 +284,8 @@ def h100_minutes(minutes: float, device_kind: str) -> dict[str, Any]:
   """`minutes` measured on a device of `device_kind`, projected to an 80 GB H100 SXM by the two nominal memory
   bandwidths (`NOMINAL_BANDWIDTH_GBS`): decode, most of the work, is bound by memory; prefill is bound by compute, at
   the same dense bfloat16 peak on an H100 and an H200, so that scaling it too makes the figure from an H200 an upper
-  bound. None where this device's nominal bandwidth is unknown (a CPU)."""
+  bound. None where this device's nominal bandwidth is unknown (a CPU, or an H100 other than the 80 GB SXM:
+  PCIe and NVL cards have other bandwidths)."""
   here = next((gbs for kind, gbs in NOMINAL_BANDWIDTH_GBS.items() if device_kind.startswith(kind)), None)
   if here is None:
     return {"h100_minutes": None, "h100_projection": f"not projected to an H100: no nominal bandwidth for "
@@ -322,8 +323,8 @@ def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray,
         bandwidth_gbs: float, previous_masks: int | None = 0, torch_model=None, torch_masks: int = 0,
         torch_result: dict[str, Any] | None = None, questions: str = "", rounds: int) -> dict[str, Any]:
   """The workload: `requests` (one stop set and cap) under every keep-mask of `keep` [M, L, H] with the engine's
-  generator, the previous generator on the first `previous_masks` masks (0: all; None: not run) and `transformers.generate` on the
-  first `torch_masks` (0: all) with `torch_model`, or `torch_result` (`torch_generate`'s, run by the caller
+  generator, the previous generator on the first `previous_masks` masks (0: all; None: not run) and
+  `transformers.generate` on the first `torch_masks` (0: all) with `torch_model`, or `torch_result` (`torch_generate`'s, run by the caller
   beforehand: the kit runs it before JAX holds the GPU; `"same_weights": False` in it when the PyTorch model's weights
   are not the engine's, whose texts are then not compared); `questions` says where the questions came from.
   After each engine generator's warm-up, `rounds` (at least 1) timed rounds run every implementation but a

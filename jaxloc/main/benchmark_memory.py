@@ -36,6 +36,7 @@ of an 80 GB GPU's free memory than the engine's default (a wider budget: more ro
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import jax.numpy as jnp
@@ -104,9 +105,12 @@ def main(config: BenchmarkMemoryConfig) -> None:
       raise UserError(f"--output_json={config.output_json} holds figures compiled for {earlier}, not "
                       f"{compiled_for}: write this run's elsewhere")
     payload.update(compiled_for)
-    fallbacks: dict = {}  # per part; a file from before they were (a list) starts afresh
+    fallbacks: dict = {}  # per part
     if config.target:
-      earlier_fallbacks = payload.get("cublas_fallbacks")
+      earlier_fallbacks = payload.get("cublas_fallbacks", {})
+      if not isinstance(earlier_fallbacks, dict) and set(config.parts) != {"scoring", "generation", "decode_cost"}:
+        raise UserError(f"--output_json={config.output_json} lists its cuBLAS fallbacks for every part at once (a "
+                        "file from before they were kept per part): run every part into it, or write elsewhere")
       fallbacks = payload["cublas_fallbacks"] = earlier_fallbacks if isinstance(earlier_fallbacks, dict) else {}
     for part, run in (("scoring", scoring), ("generation", generation), ("decode_cost", decode_step)):
       if part not in config.parts:
@@ -241,12 +245,19 @@ def decode_step(config: BenchmarkMemoryConfig) -> list[dict]:
       if config.target:  # the time the step's bytes take at the target's memory bandwidth, the call's own spread
         bandwidth = deviceless.TARGETS[config.target]["memory_bandwidth"]
         cost["bandwidth_bound_ms"] = 1e3 * cost["amortized_ratio"] * cost["floor"]["total"] / bandwidth
-        # A mask slot's rows hold one mask's documents: a mask takes `new` steps of a slot, the call's `slots` share one.
-        cost["decode_minutes"] = shape.masks * new * cost["bandwidth_bound_ms"] / plan.slots / 6e4
+        cost["decode_minutes"] = decode_minutes(shape, plan.slots, plan.rows, cost["bandwidth_bound_ms"])
         print(f"  at the {config.target}'s {bandwidth / 1e12:.2f} TB/s: {cost['bandwidth_bound_ms']:.2f} ms a step "
               f"(the floor's: {1e3 * cost['floor']['total'] / bandwidth:.2f} ms), {plan.slots} masks a step: "
-              f"{shape.masks} masks x {new} steps = {cost['decode_minutes']:.1f} minutes of decoding")
+              f"{shape.masks} masks x {math.ceil(shape.docs / plan.rows) * new} steps = "
+              f"{cost['decode_minutes']:.1f} minutes of decoding")
   return results
+
+
+def decode_minutes(shape: memory.GenerationShape, slots: int, rows: int, step_ms: float) -> float:
+  """Minutes of decoding for `shape`'s masks at `step_ms` a step of `slots` mask slots x `rows` rows: a slot's rows
+  hold one mask's documents, in as many passes as it takes where it holds fewer; a mask takes `shape.new` steps of a
+  slot a pass, and a step serves `slots` masks."""
+  return shape.masks * math.ceil(shape.docs / rows) * shape.new * step_ms / slots / 6e4
 
 
 def console() -> None:

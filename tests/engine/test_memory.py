@@ -43,7 +43,8 @@ def test_a_wider_share_of_an_80_gb_gpu_gives_the_8b_gsm8k_job_a_second_mask_slot
   default = memory.gpu80_generation_plan(config, memory.GSM8K_GENERATION)
   wide = memory.gpu80_generation_plan(config, memory.GSM8K_GENERATION, 0.9)
   assert (default.slots, default.rows, wide.slots, wide.rows) == (1, 128, 2, 128)
-  assert default.estimated_bytes <= memory.gpu80_budget(config) < wide.estimated_bytes <= memory.gpu80_budget(config, 0.9)
+  assert default.estimated_bytes <= memory.gpu80_budget(config) < wide.estimated_bytes
+  assert wide.estimated_bytes <= memory.gpu80_budget(config, 0.9)
 
 
 def test_benchmark_memory_keeps_one_share_a_file(tmp_path):
@@ -56,6 +57,16 @@ def test_benchmark_memory_keeps_one_share_a_file(tmp_path):
   with pytest.raises(UserError, match="free_share': 0.9"):
     benchmark_memory.main(benchmark_memory.BenchmarkMemoryConfig(parts=["decode_cost"], output_json=out))
 
+
+
+def test_decode_minutes_count_a_slots_passes_over_the_documents():
+  from jaxloc.main import benchmark_memory
+
+  shape = memory.GSM8K_GENERATION  # 400 masks x 100 documents, 256 new tokens
+  one_pass = benchmark_memory.decode_minutes(shape, slots=1, rows=128, step_ms=10.0)
+  assert one_pass == pytest.approx(400 * 256 * 10.0 / 6e4)
+  assert benchmark_memory.decode_minutes(shape, slots=2, rows=128, step_ms=10.0) == pytest.approx(one_pass / 2)
+  assert benchmark_memory.decode_minutes(shape, slots=1, rows=32, step_ms=10.0) == pytest.approx(4 * one_pass)
 
 # A generation job small enough to compile in seconds: 4 masks x 8 prompts after a 40-token prefix, 12-token
 # suffixes, 16 new tokens (CPU row cap: 4 mask slots x 8 rows).
