@@ -324,9 +324,10 @@ def run(engine: Engine, requests: Sequence[GenerationRequest], keep: np.ndarray,
         torch_result: dict[str, Any] | None = None, questions: str = "", rounds: int) -> dict[str, Any]:
   """The workload: `requests` (one stop set and cap) under every keep-mask of `keep` [M, L, H] with the engine's
   generator, the previous generator on the first `previous_masks` masks (0: all; None: not run) and
-  `transformers.generate` on the first `torch_masks` (0: all) with `torch_model`, or `torch_result` (`torch_generate`'s, run by the caller
-  beforehand: the kit runs it before JAX holds the GPU; `"same_weights": False` in it when the PyTorch model's weights
-  are not the engine's, whose texts are then not compared); `questions` says where the questions came from.
+  `transformers.generate` on the first `torch_masks` (0: all) with `torch_model`, or `torch_result`
+  (`torch_generate`'s, run by the caller beforehand: the kit runs it before JAX holds the GPU; `"same_weights":
+  False` in it when the PyTorch model's weights are not the engine's, whose texts are then not compared);
+  `questions` says where the questions came from.
   After each engine generator's warm-up, `rounds` (at least 1) timed rounds run every implementation but a
   `torch_result` once (`_rounds`): seconds are the rounds' median, a speed-up the median of the rounds' own ratios.
   Returns JSON-able figures (texts dropped)."""

@@ -248,7 +248,7 @@ def decode_step(config: BenchmarkMemoryConfig) -> list[dict]:
         cost["decode_minutes"] = decode_minutes(shape, plan.slots, plan.rows, cost["bandwidth_bound_ms"])
         print(f"  at the {config.target}'s {bandwidth / 1e12:.2f} TB/s: {cost['bandwidth_bound_ms']:.2f} ms a step "
               f"(the floor's: {1e3 * cost['floor']['total'] / bandwidth:.2f} ms), {plan.slots} masks a step: "
-              f"{shape.masks} masks x {math.ceil(shape.docs / plan.rows) * new} steps = "
+              f"{shape.masks} masks x {math.ceil(shape.docs / plan.rows) * shape.new} steps = "
               f"{cost['decode_minutes']:.1f} minutes of decoding")
   return results
 

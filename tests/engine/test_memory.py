@@ -58,7 +58,6 @@ def test_benchmark_memory_keeps_one_share_a_file(tmp_path):
     benchmark_memory.main(benchmark_memory.BenchmarkMemoryConfig(parts=["decode_cost"], output_json=out))
 
 
-
 def test_decode_minutes_count_a_slots_passes_over_the_documents():
   from jaxloc.main import benchmark_memory
 
@@ -67,6 +66,7 @@ def test_decode_minutes_count_a_slots_passes_over_the_documents():
   assert one_pass == pytest.approx(400 * 256 * 10.0 / 6e4)
   assert benchmark_memory.decode_minutes(shape, slots=2, rows=128, step_ms=10.0) == pytest.approx(one_pass / 2)
   assert benchmark_memory.decode_minutes(shape, slots=1, rows=32, step_ms=10.0) == pytest.approx(4 * one_pass)
+
 
 # A generation job small enough to compile in seconds: 4 masks x 8 prompts after a 40-token prefix, 12-token
 # suffixes, 16 new tokens (CPU row cap: 4 mask slots x 8 rows).
