@@ -107,27 +107,35 @@ def layer_weight_bytes(config: ModelConfig, dtype_bytes: int) -> int:
           + c.num_heads * c.head_dim * c.hidden_size) * dtype_bytes
 
 
+def score_copies(config: ModelConfig) -> float:
+  """The float32 copies of a layer's attention scores XLA holds at once (`layers.Attention` takes the softmax block
+  by block: the scores and their exponentials): two, and two and a half in the families with post-attention and
+  post-MLP norms (Gemma 2/3, OLMo-2), whose long calls XLA measured at up to 2.23 copies
+  (`experiments.benchmark_memory`)."""
+  return 2.5 if config.post_norm else 2.0
+
+
 def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, context: int, targets: int,
                      dtype_bytes: int) -> int:
   """Peak bytes beyond the parameters of one scoring step (the prefix call, then the scoring call).
 
   Layers are scanned, so one layer is live at a time, in one of two phases whose buffers XLA reuses for each
   other, each with the scan's slice of that layer's weights: attention (per token row, part of the residual and
-  q/k/v before and after rotation; three float32 copies of the attention scores) or the MLP (a residual and two
-  intermediate-size rows, three where the layer norms the MLP's output (`post_norm`: the gate, the up projection and
-  their product outlast the weight slice until the norm); with many rows, 2.5 residuals and three intermediate rows
-  outlast the weight slice). After the layers, the logits phase holds two float32 copies of the logits of the scored
-  positions (the logits and the log-softmax's exponential; a final-logit soft cap is computed within them), the final
-  hidden rows and those gathered at the scored positions. The prefix keys/values (counted 1.5 times: the scan stacks
-  them) stay live through both calls.
+  q/k/v before and after rotation; `score_copies` float32 copies of the attention scores) or the MLP (a residual and
+  two intermediate-size rows, three where the layer norms the MLP's output (`post_norm`: the gate, the up projection
+  and their product outlast the weight slice until the norm); with many rows, 2.6 residuals and three intermediate
+  rows outlast the weight slice). After the layers, the logits phase holds two float32 copies of the logits of the
+  scored positions (the logits and the log-softmax's exponential; a final-logit soft cap is computed within them),
+  the final hidden rows and those gathered at the scored positions. The prefix keys/values (counted 1.5 times: the
+  scan stacks them) stay live through both calls.
 
   The coefficients follow XLA's own buffer assignment (`compiled.memory_analysis()`), checked by
   `experiments.benchmark_memory` over the planned calls and corner shapes of every preset, compiled both as XLA:CPU
   runs them and without its library fusions (every matmul then writes its whole output, as on an accelerator; the
   fused graph holds less in the MLP and the logits, more in long attention calls; `jaxloc.bench.memory`): never under
-  either. Pre-norm families (Llama, Qwen2, Qwen3) are at most ~27%
-  over; the families with post-attention and post-MLP norms (Gemma 2/3, OLMo-2) hold fewer attention buffers at long
-  sequences and prefixes, where the estimate is up to ~66% over (BUILD.md, "Memory").
+  either. Pre-norm families (Llama, Qwen2, Qwen3) are at most ~30% over; the families with post-attention and
+  post-MLP norms (Gemma 2/3, OLMo-2), counted at their most (`score_copies`), are up to ~50% over at long sequences
+  and prefixes (BUILD.md, "Memory").
   """
   c = config
   kv_dims = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
@@ -137,9 +145,10 @@ def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, c
   intermediate_rows = 3 if c.post_norm else 2
 
   def layer(rows: int, score_elements: int) -> int:
-    attention = weights + rows * (7 * c.hidden_size // 10 + 2 * kv_dims) * dtype_bytes + 3 * score_elements * 4
+    attention = (weights + rows * (7 * c.hidden_size // 10 + 2 * kv_dims) * dtype_bytes
+                 + int(score_copies(c) * score_elements * 4))
     mlp = max(weights + rows * (c.hidden_size + intermediate_rows * c.intermediate_size) * dtype_bytes,
-              rows * (5 * c.hidden_size // 2 + 3 * c.intermediate_size) * dtype_bytes)
+              rows * (13 * c.hidden_size // 5 + 3 * c.intermediate_size) * dtype_bytes)
     return max(attention, mlp)
 
   rows = masks * requests * seq
@@ -327,7 +336,7 @@ class Planner:
     copy of the laid-out weights where the job holds none, live through the logits too; its copy of the prefix
     keys/values, each layer's apart; one layer's caches copied; the call's own new keys/values, `CHUNK_STEPS` a row
     in every layer, and their copy laid out for the cache's blocks; one token per row attending to the prefix, its
-    cache and the call's new entries: three float32 copies of the scores) and an insert
+    cache and the call's new entries: `score_copies` float32 copies of the scores) and an insert
     (`insert_call` of the widest prompts and of the narrowest: as a scoring call's prefill, plus the inserted rows'
     keys/values of every layer before they go into the cache, and the filled slots' prefix keys/values gathered).
 
@@ -343,7 +352,8 @@ class Planner:
     # A decode call's own copy of the prefix keys/values, each layer's apart (`generation_kernels.decode`).
     decode = (self.activation_bytes(slots, rows, 1, 0, 1) + (0 if held_layers else weights) + recent
               + c.num_layers * slots * prefix * kv
-              + 3 * 4 * slots * rows * c.num_heads * (prefix + cache + CHUNK_STEPS + 1) + slots * rows * cache * kv)
+              + int(score_copies(c) * 4 * slots * rows * c.num_heads * (prefix + cache + CHUNK_STEPS + 1))
+              + slots * rows * cache * kv)
 
     def insert(width: int) -> int:
       # The scoring formula's prefill, less its prefix keys/values (the state holds them), 5% over: OLMo-2's insert

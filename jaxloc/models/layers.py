@@ -313,11 +313,14 @@ class Attention(nn.Module):
       block = jnp.where(seen[:, :, None, None], _soft_cap(block, cfg.attn_softcap), _MASKED_SCORE)
       blocks.append((block, earlier_v.astype(dtype), product))
     blocks.append((scores, v, functools.partial(jnp.einsum, "mrkgst,mrtkh->mrskgh")))
-    probs = jax.nn.softmax(jnp.concatenate([b[0] for b in blocks], axis=-1), axis=-1).astype(dtype)
-    out, begin = None, 0
-    for block, values, product in blocks:
-      part = product(probs[..., begin:begin + block.shape[-1]], values)
-      out, begin = part if out is None else out + part, begin + block.shape[-1]
+    # The softmax over every block at once, block by block: each block's exponentials go into its own product with
+    # its values, and the sum divides the output, so no concatenation of the float32 scores is held.
+    top = jax.lax.stop_gradient(functools.reduce(jnp.maximum, [b[0].max(axis=-1, keepdims=True) for b in blocks]))
+    exps = [jnp.exp(block - top) for block, _, _ in blocks]
+    total = functools.reduce(jnp.add, [e.sum(axis=-1, keepdims=True) for e in exps])  # [M, R, K, G, S, 1]
+    out = functools.reduce(jnp.add, [product(e.astype(dtype), values) for e, (_, values, product) in zip(exps, blocks)])
+    out = (out / jnp.moveaxis(total, 4, 2)).astype(dtype)
+    probs = jnp.concatenate([(e / total).astype(dtype) for e in exps], axis=-1)
 
     if head_mask is not None:
       keep = head_mask.astype(dtype)[:, None, None, :, :, None]
