@@ -115,13 +115,19 @@ def score_copies(config: ModelConfig) -> float:
   return 2.5 if config.post_norm else 2.0
 
 
+def score_bytes(config: ModelConfig, score_elements: int) -> int:
+  """What a layer's attention scores hold: `score_copies` float32 copies, and the mask of the positions each row
+  sees (a bool per row and key position, shared by its heads)."""
+  return int(score_copies(config) * score_elements * 4) + score_elements // config.num_heads
+
+
 def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, context: int, targets: int,
                      dtype_bytes: int) -> int:
   """Peak bytes beyond the parameters of one scoring step (the prefix call, then the scoring call).
 
   Layers are scanned, so one layer is live at a time, in one of two phases whose buffers XLA reuses for each
   other, each with the scan's slice of that layer's weights: attention (per token row, part of the residual and
-  q/k/v before and after rotation; `score_copies` float32 copies of the attention scores) or the MLP (a residual and
+  q/k/v before and after rotation; the attention scores, `score_bytes`) or the MLP (a residual and
   two intermediate-size rows, three where the layer norms the MLP's output (`post_norm`: the gate, the up projection
   and their product outlast the weight slice until the norm); with many rows, 2.6 residuals and three intermediate
   rows outlast the weight slice). After the layers, the logits phase holds two float32 copies of the logits of the
@@ -146,7 +152,7 @@ def activation_bytes(config: ModelConfig, masks: int, requests: int, seq: int, c
 
   def layer(rows: int, score_elements: int) -> int:
     attention = (weights + rows * (7 * c.hidden_size // 10 + 2 * kv_dims) * dtype_bytes
-                 + int(score_copies(c) * score_elements * 4))
+                 + score_bytes(c, score_elements))
     mlp = max(weights + rows * (c.hidden_size + intermediate_rows * c.intermediate_size) * dtype_bytes,
               rows * (13 * c.hidden_size // 5 + 3 * c.intermediate_size) * dtype_bytes)
     return max(attention, mlp)
@@ -336,7 +342,7 @@ class Planner:
     copy of the laid-out weights where the job holds none, live through the logits too; its copy of the prefix
     keys/values, each layer's apart; one layer's caches copied; the call's own new keys/values, `CHUNK_STEPS` a row
     in every layer, and their copy laid out for the cache's blocks; one token per row attending to the prefix, its
-    cache and the call's new entries: `score_copies` float32 copies of the scores) and an insert
+    cache and the call's new entries: its scores, `score_bytes`) and an insert
     (`insert_call` of the widest prompts and of the narrowest: as a scoring call's prefill, plus the inserted rows'
     keys/values of every layer before they go into the cache, and the filled slots' prefix keys/values gathered).
 
@@ -352,7 +358,7 @@ class Planner:
     # A decode call's own copy of the prefix keys/values, each layer's apart (`generation_kernels.decode`).
     decode = (self.activation_bytes(slots, rows, 1, 0, 1) + (0 if held_layers else weights) + recent
               + c.num_layers * slots * prefix * kv
-              + int(score_copies(c) * 4 * slots * rows * c.num_heads * (prefix + cache + CHUNK_STEPS + 1))
+              + score_bytes(c, slots * rows * c.num_heads * (prefix + cache + CHUNK_STEPS + 1))
               + slots * rows * cache * kv)
 
     def insert(width: int) -> int:

@@ -308,7 +308,8 @@ def test_held_out_documents_pad_into_a_shape_laid_out_before(tiny_model):
 
 def test_float32_activations_over_bfloat16_weights(tiny_model):
   """--activation_dtype=float32 with bfloat16 weights: weights stay bfloat16 in memory, the residual stream and
-  every matmul run in float32, which takes most of the bfloat16 error away."""
+  every matmul run in float32. What is left is the weights' own rounding: the same as a float32 engine over the
+  weights rounded to bfloat16, and less than the error of running in bfloat16."""
   import dataclasses
 
   import jax
@@ -318,12 +319,14 @@ def test_float32_activations_over_bfloat16_weights(tiny_model):
   masks = random_masks(tiny_model.config, 3)
   bf16 = dataclasses.replace(tiny_model, params=jax.tree.map(lambda p: p.astype(jnp.bfloat16), tiny_model.params),
                              dtype=jnp.bfloat16)
+  rounded = dataclasses.replace(tiny_model, params=jax.tree.map(lambda p: p.astype(jnp.float32), bf16.params))
   # Every layer computed (no residual cache): the comparison is of dtypes, not of where a mask's computation starts
   # (the unablated mask resumes at the last layer from the cached stream, whose bfloat16 rounding differs).
   every_layer = EngineConfig(residual_cache_gb=0.0)
   reference = Engine(tiny_model, every_layer).score(requests, masks).logprob
   mixed_engine = Engine(bf16, dataclasses.replace(every_layer, activation_dtype="float32"))
   assert mixed_engine.params["embed"]["embedding"].dtype == jnp.bfloat16 and mixed_engine.dtype == jnp.float32
+  mixed = mixed_engine.score(requests, masks).logprob
+  np.testing.assert_allclose(mixed, Engine(rounded, every_layer).score(requests, masks).logprob, atol=1e-5)
   pure = np.abs(Engine(bf16, every_layer).score(requests, masks).logprob - reference).max()
-  mixed = np.abs(mixed_engine.score(requests, masks).logprob - reference).max()
-  assert mixed < pure / 2, (mixed, pure)
+  assert np.abs(mixed - reference).max() < 0.75 * pure, (np.abs(mixed - reference).max(), pure)
