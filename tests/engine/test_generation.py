@@ -153,8 +153,11 @@ def _few_shot_requests(max_new_tokens, stop=("\n\n", "Q:")):
   return [GenerationRequest(shots + f"Q: {q}\nA:", stop=stop, max_new_tokens=max_new_tokens) for q in questions]
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
-@pytest.mark.parametrize("kind", ["heads", "neurons", "mean"])
+# Each kind of ablation and each family in CI; every pairing in the slow tier (each compiles for ~40 s on 2 cores).
+@pytest.mark.parametrize("kind,family", [("heads", "gemma3"), ("neurons", "llama"), ("mean", "llama"),
+                                         pytest.param("heads", "llama", marks=pytest.mark.slow),
+                                         pytest.param("neurons", "gemma3", marks=pytest.mark.slow),
+                                         pytest.param("mean", "gemma3", marks=pytest.mark.slow)])
 def test_generation_equals_the_previous_generator(tokenizer, family, kind, monkeypatch):
   """Shared prefix, rows refilled and masks swapped in two row slots, each row's cache in blocks (of 8 positions here,
   so that the rows' ~10-40 cross several) read as far as the rows have come, Gemma 3's sliding layers reading the

@@ -73,8 +73,9 @@ def test_decode_minutes_count_a_slots_passes_over_the_documents():
 TINY_GENERATION = memory.GenerationShape("tiny generation", masks=4, docs=8, prefix=40, suffix=12, new=16)
 
 
-@pytest.mark.parametrize("preset,held_layers", [("smollm2-135m", True), ("gemma-3-1b", True),
-                                                 ("smollm2-135m", False)])
+# Held layers in CI on Gemma 3 (its post norms), a job laying them out per call on SmolLM2; the pair crossed: slow.
+@pytest.mark.parametrize("preset,held_layers", [pytest.param("smollm2-135m", True, marks=pytest.mark.slow),
+                                                ("gemma-3-1b", True), ("smollm2-135m", False)])
 def test_the_generation_estimate_is_never_under_xla_and_at_most_twice_it(preset, held_layers):
   # XLA's peak over the job's calls (prefix prefill, loading masks, inserting rows, decoding), the donated state
   # counted once; inserting rows holds the most at this shape (the prefill plus the stacked keys/values of every
