@@ -186,8 +186,8 @@ class GenerationSlots:
   held_layers: bool
 
 
-# A generation job of more than one call's work whose shared prefix is no wider than its prompts spreads a call's rows
-# over this many mask slots (`Planner.generation_slots`).
+# A generation job of more than one call's work spreads a call's rows over this many mask slots where its decoding then
+# reads no more (`Planner.generation_slots`).
 MAX_SLOTS = 16
 
 
@@ -258,12 +258,13 @@ class Planner:
     automaton): rows fill the row cap (`generation_batch`, or 64 on CPUs and 1024 on accelerators; `platform` names
     the one whose cap applies, default this machine's), a mask slot holding up to all of a mask's prompts (never more
     rows than the cap), then shrink until `generation_bytes` fits the budget. A job of several masks that is more
-    than one call's work, its prefix no wider than its prompts, then spreads the call's rows over `MAX_SLOTS` mask
-    slots where they fit, on one device (split over devices, every insert computes every slot: `insert_call`): each
-    slot's prefix costs less than one of its prompts, and a slot whose mask's prompts have run out waits only for its
-    own few rows before it takes up another mask (`generator.assign_masks`), where one slot of all the rows would wait
-    for its mask's longest generation. Both are powers of two (a handful of shapes whatever the counts); mask slots a
-    multiple of the data-parallel size. The job holds its layers laid out for decoding where that copy costs it no
+    than one call's work then spreads the call's rows over `MAX_SLOTS` mask slots, on one device (split over devices,
+    every insert computes every slot: `insert_call`), where they fit and its decoding reads no more bytes so
+    (`decode_reads`; each slot holds its own copy of the prefix): rows that one wide slot's mask leaves empty take up
+    other masks' prompts, and a slot whose mask's prompts have run out waits only for its own few rows before it
+    takes up another mask (`generator.assign_masks`), where one slot of all the rows would wait for its mask's
+    longest generation. Both are powers of two (a handful of shapes whatever the counts); mask slots a multiple of
+    the data-parallel size. The job holds its layers laid out for decoding where that copy costs it no
     slots or rows; else each decode call lays them out (once per chunk)."""
     cap = self.generation_batch or (1024 if (platform or jax.devices()[0].platform) != "cpu" else 64)
     rows = min(bucket_pow2(docs), floor_pow2(cap))
@@ -273,11 +274,12 @@ class Planner:
       plan = self.smaller(plan, prefix, suffix, new, stop_states)
     total = plan.slots * plan.rows
     spread = min(MAX_SLOTS, total)
-    if (masks > 1 and bucket_pow2(masks) * bucket_pow2(docs) > total and prefix <= suffix and spread > plan.slots
+    if (masks > 1 and bucket_pow2(masks) * bucket_pow2(docs) > total and spread > plan.slots
         and self.data_parallel == 1):
-      # More than one call's work, and a prefix no wider than a prompt: the same rows over more mask slots.
+      # More than one call's work: the same rows over more mask slots, where the job then reads no more.
       split = self.generation_layout(spread, total // spread, prefix, suffix, new, stop_states, held_layers=False)
-      if split.estimated_bytes <= self.budget:
+      if (split.estimated_bytes <= self.budget and self.decode_reads(split, masks, docs, prefix, suffix, new)
+          <= self.decode_reads(plan, masks, docs, prefix, suffix, new)):
         plan = split
     # Holding the layers only adds bytes: it costs no rows exactly where the held layout of this size fits.
     held = self.generation_layout(plan.slots, plan.rows, prefix, suffix, new, stop_states, held_layers=True)
@@ -288,6 +290,18 @@ class Planner:
                       f"{plan.estimated_bytes / GIB:.2f} GiB, over the memory budget of {self.budget / GIB:.2f} GiB; "
                       "raise --memory_budget_gb or shorten the prompts")
     return plan
+
+  def decode_reads(self, layout: GenerationSlots, masks: int, docs: int, prefix: int, suffix: int, new: int) -> int:
+    """Bytes a job of `masks` x `docs` prompts reads decoding in `layout` if every row runs to its `new` tokens (the
+    worst case; rows that stop early favor more mask slots, `generation_slots`): a mask's prompts take passes of a
+    slot's rows, `new` steps each, and a step advances every slot, reading the weights once, each slot's prefix
+    keys/values and each row's cache to its end (`decode_cost.floor_bytes`, the cache at its widest)."""
+    c = self.model
+    kv = c.num_layers * 2 * c.num_kv_heads * c.head_dim * self.dtype_bytes  # one token's keys and values
+    step = (c.num_layers * layer_weight_bytes(c, self.dtype_bytes) + c.vocab_size * c.hidden_size * self.dtype_bytes
+            + layout.slots * (prefix + layout.rows * (suffix + new)) * kv)
+    passes = masks * -(-docs // layout.rows)
+    return -(-passes // layout.slots) * new * step
 
   def generation_layout(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int, *,
                         held_layers: bool) -> GenerationSlots:

@@ -10,6 +10,7 @@ from jaxloc.engine import planner
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
 from jaxloc.errors import UserError
+from jaxloc.models.presets import PRESETS
 
 
 def test_an_engine_resolves_its_defaults_and_a_variant_keeps_them(tiny_model):
@@ -112,3 +113,26 @@ def test_the_planner_answers_every_batch_size_from_one_budget(tiny_model):
   assert 1 <= small.attribution_rows(**rows) < big.attribution_rows(**rows) <= 1000
   assert big.attribution_rows(**{**rows, "num_requests": 7}) == 7
   assert dataclasses.replace(big, residual_cache=1 << 29).call_budget == 1 << 29
+
+
+def test_a_wide_prefix_spreads_rows_over_mask_slots_where_the_decode_then_reads_less():
+  """GSM8K's shape (400 masks x 100 prompts sharing a 5-shot prefix six times as wide as a prompt) on Llama-3.1-8B
+  with 128 rows: one slot of 128 rows leaves 28 empty for every mask; 16 slots of 8 take a mask's prompts in 13
+  passes, 19% fewer steps, each reading 15 more copies of the prefix's keys/values (`Planner.decode_reads`): fewer
+  bytes at 768 prefix tokens, more at 8192, where the rows stay in one slot."""
+  llama = planner.Planner(PRESETS["llama-3.1-8b"], budget=200 << 30, tokens_per_batch=65536, dtype_bytes=2,
+                          generation_batch=128)
+
+  def gsm8k(prefix):
+    layout = llama.generation_slots(masks=400, docs=100, prefix=prefix, suffix=128, new=256, platform="gpu")
+    return layout.slots, layout.rows
+
+  assert gsm8k(768) == (16, 8)
+  assert gsm8k(8192) == (1, 128)
+  one, spread = (llama.generation_layout(s, r, 768, 128, 256, 1, held_layers=False) for s, r in ((1, 128), (16, 8)))
+  reads_one, reads_spread = (llama.decode_reads(x, 400, 100, 768, 128, 256) for x in (one, spread))
+  assert reads_spread < 0.9 * reads_one
+  # A step of one slot reads the weights once, its prefix and 128 rows' caches, in every one of 400 x 256 steps.
+  c, kv = llama.model, 32 * 2 * 8 * 128 * 2
+  assert reads_one == 400 * 256 * (32 * planner.layer_weight_bytes(c, 2) + c.vocab_size * c.hidden_size * 2
+                                   + (768 + 128 * 384) * kv)

@@ -38,11 +38,12 @@ def test_the_planner_shrinks_a_call_to_the_budget():
   assert planner.accelerator_budget(10 * memory.GIB, 2 * memory.GIB, 0.9) == int(0.9 * 8 * memory.GIB)
 
 
-def test_a_wider_share_of_an_80_gb_gpu_gives_the_8b_gsm8k_job_a_second_mask_slot():
+def test_a_wider_share_of_an_80_gb_gpu_gives_the_8b_gsm8k_job_twice_the_rows():
+  """The default share holds 128 rows, spread over 16 mask slots (`Planner.decode_reads`); 90% holds 256."""
   config = PRESETS["llama-3.1-8b"]
   default = memory.gpu80_generation_plan(config, memory.GSM8K_GENERATION)
   wide = memory.gpu80_generation_plan(config, memory.GSM8K_GENERATION, 0.9)
-  assert (default.slots, default.rows, wide.slots, wide.rows) == (1, 128, 2, 128)
+  assert (default.slots, default.rows, wide.slots, wide.rows) == (16, 8, 16, 16)
   assert default.estimated_bytes <= memory.gpu80_budget(config) < wide.estimated_bytes
   assert wide.estimated_bytes <= memory.gpu80_budget(config, 0.9)
 
