@@ -232,8 +232,8 @@ def _nbytes(tree) -> int:
 
 
 def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, prefix: int, suffix: int, new: int,
-                         stop_states: int = 16, inserted: tuple[int, int] | None = None, *, held_layers: bool
-                         ) -> dict[str, int]:
+                         stop_states: int = 16, inserted: tuple[int, int] | None = None, loaded: int | None = None,
+                         *, held_layers: bool) -> dict[str, int]:
   """XLA's bytes beyond the parameters of a generation job's calls at this layout, each compiled as the generator
   jits it (the state donated). A call's bytes are its temporaries, outputs and non-parameter arguments
   (`compiled_bytes`), plus what the job keeps alive that the call does not take: the state (`generation_kernels.Slots`),
@@ -243,8 +243,8 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
   equal; else it lays them out itself).
 
     prefix       the unablated prefill of the prefix (the state is alive)
-    load         `load_masks` of as many masks as one call loads (`Planner.load_masks`), resuming from the
-                 unablated prefix
+    load         `load_masks` of `loaded` masks (default as many as one call loads, `Planner.load_masks`),
+                 resuming from the unablated prefix
     insert       `insert_rows` starting rows in mask slots: `inserted` (slots, rows in each; default all of them)
     decode       `decode` of `generation_kernels.CHUNK_STEPS` steps reading every block of the rows' caches (a
                  call reading fewer holds less: each block is read where it lies)
@@ -272,7 +272,7 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
   prefix_fn = jit(functools.partial(generation_kernels.unablated_prefix, module, dtype=dtype))
   result["prefix"] = call(prefix_fn, sds((prefix,), i32), alive=("state", "tables", "weights"))
   load_fn = jit(functools.partial(generation_kernels.load_masks, module, dtype=dtype), donate_argnums=(1,))
-  loaded = planner.Planner(c, GIB, 65536, jnp.dtype(dtype).itemsize).load_masks(slots, prefix)
+  loaded = loaded or planner.Planner(c, GIB, 65536, jnp.dtype(dtype).itemsize).load_masks(slots, prefix)
   masks = Ablation(head_mask=sds((loaded, c.num_layers, c.num_heads), dtype))
   result["load"] = call(load_fn, state, sds((loaded,), i32), masks, sds((prefix,), i32), (sds((), i32), *unablated),
                         alive=("tables", "weights"))
@@ -292,18 +292,22 @@ def generation_xla_bytes(config: ModelConfig, dtype, slots: int, rows: int, pref
   return result
 
 
-def compare_generation(config: ModelConfig, shape: GenerationShape, dtype, slots: int, rows: int,
-                       held_layers: bool) -> dict[str, Any]:
+def compare_generation(config: ModelConfig, shape: GenerationShape, dtype, layout: planner.GenerationSlots
+                       ) -> dict[str, Any]:
   """The planner's estimate (`Planner.generation_bytes`, term by term) and XLA's bytes of a generation job's calls at
-  one layout (`held_layers`: the job holds its layers laid out for decoding), in `dtype`; ratio = estimate / XLA's
-  peak over the calls."""
+  one layout (its mask slots, rows, held layers and prefill room: the insert and the mask load measured are the
+  largest the generator makes in that room), in `dtype`; ratio = estimate / XLA's peak over the calls."""
   prefix, suffix, new = shape.widths
+  slots, rows, held_layers, room = layout.slots, layout.rows, layout.held_layers, layout.prefill_room
   plans = planner.Planner(config, GIB, 65536, jnp.dtype(dtype).itemsize)
-  estimate = plans.generation_bytes(slots, rows, prefix, suffix, new, shape.stop_states, held_layers=held_layers)
-  terms = plans.generation_terms(slots, rows, prefix, suffix, new, shape.stop_states, held_layers=held_layers)
+  terms = plans.generation_terms(slots, rows, prefix, suffix, new, shape.stop_states, held_layers=held_layers,
+                                 prefill_room=room)
+  estimate = sum(terms.values())
   measured = generation_xla_bytes(config, dtype, slots, rows, prefix, suffix, new, shape.stop_states,
-                                  plans.insert_call(slots, rows, suffix), held_layers=held_layers)
-  return {"task": shape.name, "slots": slots, "rows": rows, "held_layers": held_layers, "prefix": prefix,
+                                  plans.insert_call(slots, rows, suffix, prefix=prefix, room=room),
+                                  plans.load_masks(slots, prefix, room), held_layers=held_layers)
+  return {"task": shape.name, "slots": slots, "rows": rows, "held_layers": held_layers, "prefill_room": room,
+          "prefix": prefix,
           "suffix": suffix, "new": new,
           "estimate_bytes": estimate, "estimate_terms": terms, "xla_bytes": measured["peak"],
           "xla_calls": {k: v for k, v in measured.items() if k not in ("peak", "state")},

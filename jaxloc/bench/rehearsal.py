@@ -124,11 +124,12 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
   prefix, suffix, new = job.widths
   layout = plans.generation_slots(masks=job.masks, docs=job.docs, prefix=prefix, suffix=suffix, new=new,
                                   stop_states=job.stop_states, platform="gpu")
-  slots, rows = layout.slots, layout.rows
+  slots, rows, room = layout.slots, layout.rows, layout.prefill_room
   start = time.perf_counter()
   generation_xla = memory.generation_xla_bytes(config, compile_dtype, slots, rows, prefix, suffix, new,
-                                               job.stop_states, plans.insert_call(slots, rows, suffix),
-                                               held_layers=layout.held_layers)
+                                               job.stop_states,
+                                               plans.insert_call(slots, rows, suffix, prefix=prefix, room=room),
+                                               plans.load_masks(slots, prefix, room), held_layers=layout.held_layers)
   module = Transformer(config, param_dtype=compile_dtype)
   params = (memory.decode_params(config, compile_dtype) if layout.held_layers
             else memory._params(config, compile_dtype))  # noqa: SLF001  (the abstract parameter tree of memory.py)
@@ -145,7 +146,7 @@ def abstract_calls(name: str, config: ModelConfig, dtype=jnp.bfloat16, compile_d
                                held_layers=layout.held_layers)
   generation_seconds = time.perf_counter() - start
   estimate_generation = compiled_plans.generation_bytes(slots, rows, prefix, suffix, new, job.stop_states,
-                                                        held_layers=layout.held_layers)
+                                                        held_layers=layout.held_layers, prefill_room=room)
 
   return {
       "model": name, "dtype": jnp.dtype(dtype).name, "compiled_in": jnp.dtype(compile_dtype).name,

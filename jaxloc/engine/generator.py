@@ -227,7 +227,7 @@ class Generator:
                  layout.slots, layout.rows, layout.estimated_bytes / GIB, measured / GIB, planner.budget / GIB)
         if measured <= planner.budget:
           break
-        if layout.held_layers:  # first the same layout, each call laying the layers out for itself
+        if layout.held_layers:  # first the same layout, each call laying the layers out for itself, prefills whole
           layout = planner.generation_layout(layout.slots, layout.rows, prefix, suffix, new, tables[0].shape[1],
                                              held_layers=False)
           continue
@@ -296,7 +296,7 @@ class Generator:
         waiting[int(mask_of[s])] += int((~live[s]).sum())
       assigned = assign_masks(free, rows, order, pending, docs, waiting)
       if assigned:
-        state = self._load(state, assigned, mask_of, masks, starts, unablated, prefix_tokens)
+        state = self._load(state, job, assigned, mask_of, masks, starts, unablated, prefix_tokens)
       queues = [pending.get(int(m), collections.deque()) for m in mask_of]  # a slot without a mask: none
       state = self._insert(state, job, suffixes, queues, live, doc_of, length)
       if not live.any():
@@ -319,13 +319,14 @@ class Generator:
           progress(int(ended.sum()))
     shared.stats.seconds += time.perf_counter() - start
 
-  def _load(self, state: generation_kernels.Slots, assigned: list[tuple[int, int]], mask_of: np.ndarray,
+  def _load(self, state: generation_kernels.Slots, job: Job, assigned: list[tuple[int, int]], mask_of: np.ndarray,
             masks: Masks, starts: np.ndarray, unablated: tuple[jax.Array, jax.Array, jax.Array] | None,
             prefix_tokens: jax.Array) -> generation_kernels.Slots:
     """Loads each (mask slot, mask) of `assigned` (`assign_masks`), the prefix prefilled under the mask, in calls of
-    at most the planner's masks (`Planner.load_masks`; padding entries point past the slots)."""
+    at most the planner's masks (`Planner.load_masks` within the layout's prefill room; padding entries point past
+    the slots)."""
     place = self.shared.placement
-    per_call = self.shared.planner.load_masks(len(mask_of), int(prefix_tokens.shape[0]))
+    per_call = self.shared.planner.load_masks(len(mask_of), job.prefix, job.layout.prefill_room)
     for begin in range(0, len(assigned), per_call):
       part = assigned[begin:begin + per_call]
       into, taken = [s for s, _ in part], [m for _, m in part]
@@ -351,7 +352,7 @@ class Generator:
     the slots holding that mask). The prompts are prefilled by width (`batching.bucket_coarse` of each suffix, at
     most the job's), so a short prompt is not prefilled as wide as the job's longest: a call starts rows of one width
     in the mask slots that have some (in every slot where they are split over devices), at most the slots and rows
-    the planner's estimate covers at that width (`Planner.insert_call`)."""
+    the planner's estimate covers at that width (`Planner.insert_call`, within the layout's prefill room)."""
     slots, rows = live.shape
     widths: dict[int, dict[int, list[tuple[int, int]]]] = {}  # width -> mask slot -> [(row slot, prompt)]
     for s, queue in enumerate(queues):
@@ -367,7 +368,8 @@ class Generator:
       filled = list(range(slots)) if every else list(starting)
       deepest = max(len(entries) for entries in starting.values())
       # A few shapes a width: rows and slots each within a factor of 8 and 4 of the most a call starts.
-      per_call, cap = planner.insert_call(slots, rows, job.suffix, width)
+      per_call, cap = planner.insert_call(slots, rows, job.suffix, width, prefix=job.prefix,
+                                          room=job.layout.prefill_room)
       inserted = min(cap, max(batching.bucket_pow2(deepest), rows // 8))
       for begin in range(0, len(filled), per_call):
         part = filled[begin:begin + per_call]

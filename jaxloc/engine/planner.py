@@ -178,12 +178,15 @@ class ScoringBatches:
 class GenerationSlots:
   """How a generation job is laid out: `slots` masks decoded at once, `rows` row slots each
   (`generation_kernels.py`); `held_layers`: the job lays its layers out for decoding once and holds that copy
-  (`generation_kernels.decode_layers`), else each decode call lays them out for itself."""
+  (`generation_kernels.decode_layers`), else each decode call lays them out for itself; `prefill_room`: the bytes an
+  insert or a mask load may hold beyond what the job keeps (`Planner.insert_call`, `Planner.load_masks`), None: as
+  many as `tokens_per_batch` tokens make. A room is set where holding the layers fits only beside smaller prefills."""
 
   slots: int
   rows: int
   estimated_bytes: int
   held_layers: bool
+  prefill_room: int | None = None
 
 
 # A generation job of more than one call's work spreads a call's rows over this many mask slots where its decoding then
@@ -281,8 +284,15 @@ class Planner:
       if (split.estimated_bytes <= self.budget and self.decode_reads(split, masks, docs, prefix, suffix, new)
           <= self.decode_reads(plan, masks, docs, prefix, suffix, new)):
         plan = split
-    # Holding the layers only adds bytes: it costs no rows exactly where the held layout of this size fits.
+    # Holding the layers costs no rows exactly where the held layout of this size fits: as it is, or with inserts
+    # and mask loads made smaller to fit in what the held layers leave (a decode call then copies no weights, where
+    # each laid out all of them, once a chunk; a prefill of fewer tokens is still bound by its matmuls).
     held = self.generation_layout(plan.slots, plan.rows, prefix, suffix, new, stop_states, held_layers=True)
+    if held.estimated_bytes > self.budget:
+      terms = self.generation_terms(plan.slots, plan.rows, prefix, suffix, new, stop_states, held_layers=True)
+      room = self.budget - sum(v for k, v in terms.items() if k != "activations")
+      held = self.generation_layout(plan.slots, plan.rows, prefix, suffix, new, stop_states, held_layers=True,
+                                    prefill_room=room)
     if held.estimated_bytes <= self.budget:
       plan = held
     if plan.estimated_bytes > self.budget:
@@ -304,50 +314,86 @@ class Planner:
     return -(-passes // layout.slots) * new * step
 
   def generation_layout(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int, *,
-                        held_layers: bool) -> GenerationSlots:
+                        held_layers: bool, prefill_room: int | None = None) -> GenerationSlots:
     """`slots` mask slots (rounded up to a multiple of the data-parallel size) of `rows` rows, with their estimate."""
     parallel = self.data_parallel
     slots = max(parallel, -(-max(1, slots) // parallel) * parallel)
     return GenerationSlots(slots, rows, self.generation_bytes(slots, rows, prefix, suffix, new, stop_states,
-                                                              held_layers=held_layers), held_layers)
+                                                              held_layers=held_layers, prefill_room=prefill_room),
+                           held_layers, prefill_room)
 
   def smaller(self, layout: GenerationSlots, prefix: int, suffix: int, new: int, stop_states: int = 1
               ) -> GenerationSlots:
-    """The next layout down: half the mask slots while more than the data-parallel size, then half the rows."""
+    """The next layout down: half the mask slots while more than the data-parallel size, then half the rows (a
+    prefill room stays: the smaller layout keeps more beside it)."""
     if layout.slots > self.data_parallel:
       return self.generation_layout(layout.slots // 2, layout.rows, prefix, suffix, new, stop_states,
-                                    held_layers=layout.held_layers)
+                                    held_layers=layout.held_layers, prefill_room=layout.prefill_room)
     return self.generation_layout(layout.slots, max(1, layout.rows // 2), prefix, suffix, new, stop_states,
-                                  held_layers=layout.held_layers)
+                                  held_layers=layout.held_layers, prefill_room=layout.prefill_room)
 
-  def load_masks(self, slots: int, prefix: int) -> int:
+  def load_masks(self, slots: int, prefix: int, room: int | None = None) -> int:
     """Masks one call loads (prefilling the prefix under each): as many as `tokens_per_batch` prefix tokens hold (a
-    power of two, at least 1, at most the mask slots)."""
-    return min(floor_pow2(slots), floor_pow2(max(1, self.tokens_per_batch // max(1, prefix))))
+    power of two, at least 1, at most the mask slots), halved while the load's bytes (`load_bytes`) exceed `room`."""
+    loaded = min(floor_pow2(slots), floor_pow2(max(1, self.tokens_per_batch // max(1, prefix))))
+    while room is not None and loaded > 1 and self.load_bytes(loaded, prefix) > room:
+      loaded //= 2
+    return loaded
 
-  def insert_call(self, slots: int, rows: int, suffix: int, width: int | None = None) -> tuple[int, int]:
+  def load_bytes(self, loaded: int, prefix: int) -> int:
+    """A mask load's bytes (`generation_kernels.load_masks` of `loaded` masks): the prefix prefilled under each, its
+    keys/values scattered into the state after."""
+    c = self.model
+    return (self.activation_bytes(loaded, 1, prefix, 0, 1)
+            + c.num_layers * loaded * prefix * 2 * c.num_kv_heads * c.head_dim * self.dtype_bytes)
+
+  def insert_call(self, slots: int, rows: int, suffix: int, width: int | None = None, *, prefix: int = 0,
+                  room: int | None = None) -> tuple[int, int]:
     """The largest insert (`generation_kernels.insert_rows`) of prompts `width` wide (default `suffix`, the job's
     widest) in a job of `slots` x `rows`: (mask slots, rows started in each), powers of two. At the job's width, rows
     first, as many as `tokens_per_batch` tokens hold (at least one in one slot), so that the prefill's activations do
     not grow with the rows a decode step holds; narrower prompts start more rows, in each slot and then in more slots,
     within the same tokens. Where the mask slots are split over devices (`data_parallel` > 1) an insert starts rows
-    in every slot, each device in its own, as many in each as the tokens hold over all the slots."""
+    in every slot, each device in its own, as many in each as the tokens hold over all the slots. Given a `room`,
+    the mask slots and then the rows are halved while the insert's bytes after a `prefix` (`insert_bytes`) exceed
+    it (down to one row in one slot)."""
     width = width or suffix
     if self.data_parallel > 1:
-      return slots, min(rows, floor_pow2(max(1, self.tokens_per_batch // max(1, slots * width))))
-    widest = min(rows, floor_pow2(max(1, self.tokens_per_batch // max(1, suffix))))
-    tokens = min(floor_pow2(slots), floor_pow2(max(1, self.tokens_per_batch // (widest * suffix)))) * widest * suffix
-    inserted = min(rows, floor_pow2(max(1, tokens // width)))
-    return min(floor_pow2(slots), floor_pow2(max(1, tokens // (inserted * width)))), inserted
+      filled, inserted = slots, min(rows, floor_pow2(max(1, self.tokens_per_batch // max(1, slots * width))))
+    else:
+      widest = min(rows, floor_pow2(max(1, self.tokens_per_batch // max(1, suffix))))
+      tokens = (min(floor_pow2(slots), floor_pow2(max(1, self.tokens_per_batch // (widest * suffix))))
+                * widest * suffix)
+      inserted = min(rows, floor_pow2(max(1, tokens // width)))
+      filled = min(floor_pow2(slots), floor_pow2(max(1, tokens // (inserted * width))))
+    while room is not None and self.insert_bytes(filled, inserted, width, prefix) > room:
+      if filled > 1 and self.data_parallel == 1:
+        filled //= 2
+      elif inserted > 1:
+        inserted //= 2
+      else:
+        break
+    return filled, inserted
+
+  def insert_bytes(self, filled: int, inserted: int, width: int, prefix: int) -> int:
+    """An insert's bytes (`generation_kernels.insert_rows` of `inserted` rows `width` wide in each of `filled` mask
+    slots, after a `prefix`): the scoring formula's prefill, less its prefix keys/values (the state holds them), 5%
+    over (OLMo-2's insert, q/k norms over the whole projection, holds 0.1% more than the formula); plus the inserted
+    rows' stacked keys/values and the filled slots' prefix keys/values, gathered."""
+    c = self.model
+    kv = 2 * c.num_kv_heads * c.head_dim * self.dtype_bytes  # one token's keys and values in one layer
+    return (21 * (self.activation_bytes(filled, inserted, width, prefix, 1)
+                  - 3 * c.num_layers * filled * prefix * c.num_kv_heads * c.head_dim * self.dtype_bytes) // 20
+            + c.num_layers * filled * inserted * width * kv + c.num_layers * filled * prefix * kv)
 
   def generation_bytes(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int, *,
-                       held_layers: bool) -> int:
+                       held_layers: bool, prefill_room: int | None = None) -> int:
     """Peak bytes beyond the parameters of a generation job's calls (`generation_terms`, summed)."""
-    return sum(self.generation_terms(slots, rows, prefix, suffix, new, stop_states,
-                                     held_layers=held_layers).values())
+    return sum(self.generation_terms(slots, rows, prefix, suffix, new, stop_states, held_layers=held_layers,
+                                     prefill_room=prefill_room).values())
 
   def generation_terms(self, slots: int, rows: int, prefix: int, suffix: int, new: int, stop_states: int, *,
-                       held_layers: bool) -> dict[str, int]:
+                       held_layers: bool, prefill_room: int | None = None) -> dict[str, int]:
     """What a generation job holds beyond the parameters, term by term. Across the job: every layer's matmul weights
     as the decode steps read them (`generation_kernels.decode_layers`) where the job holds them (`held_layers`), the
     mask slots' prefix keys/values, every row's own cache (suffix and new tokens), the unablated prefix (residual
@@ -356,9 +402,8 @@ class Planner:
     copy of the laid-out weights where the job holds none, live through the logits too; its copy of the prefix
     keys/values, each layer's apart; one layer's caches copied; the call's own new keys/values, `CHUNK_STEPS` a row
     in every layer, and their copy laid out for the cache's blocks; one token per row attending to the prefix, its
-    cache and the call's new entries: its scores, `score_bytes`) and an insert
-    (`insert_call` of the widest prompts and of the narrowest: as a scoring call's prefill, plus the inserted rows'
-    keys/values of every layer before they go into the cache, and the filled slots' prefix keys/values gathered).
+    cache and the call's new entries: its scores, `score_bytes`), an insert (`insert_call` of the widest prompts and
+    of the narrowest, within `prefill_room`: `insert_bytes`) and a mask load (`load_masks`, within it: `load_bytes`).
 
     The terms follow XLA's `memory_analysis()` of the compiled calls (`experiments.benchmark_memory
     --parts=generation`, every preset): never under."""
@@ -376,18 +421,12 @@ class Planner:
               + slots * rows * cache * kv)
 
     def insert(width: int) -> int:
-      # The scoring formula's prefill, less its prefix keys/values (the state holds them), 5% over: OLMo-2's insert
-      # (q/k norms over the whole projection) holds 0.1% more than the formula; plus the inserted rows' stacked
-      # keys/values and the filled slots' prefix keys/values, gathered.
-      filled, inserted = self.insert_call(slots, rows, suffix, width)
-      return (21 * (self.activation_bytes(filled, inserted, width, prefix, 1)
-                    - 3 * c.num_layers * filled * prefix * c.num_kv_heads * c.head_dim * self.dtype_bytes) // 20
-              + c.num_layers * filled * inserted * width * kv + c.num_layers * filled * prefix * kv)
+      return self.insert_bytes(*self.insert_call(slots, rows, suffix, width, prefix=prefix, room=prefill_room), width,
+                               prefix)
 
     # The widest prompts' insert, and the narrowest's (`batching.bucket_coarse`: 16), with the most rows and logits.
     prefill = max(insert(suffix), insert(min(16, suffix)))
-    loaded = self.load_masks(slots, prefix)  # a prefix prefill per loaded mask, its keys/values scattered after
-    load = self.activation_bytes(loaded, 1, prefix, 0, 1) + c.num_layers * loaded * prefix * kv
+    load = self.load_bytes(self.load_masks(slots, prefix, prefill_room), prefix)
     return {"decode_weights": weights if held_layers else 0,
             "prefix_kv": c.num_layers * slots * prefix * kv, "cache": c.num_layers * slots * rows * cache * kv,
             "unablated_prefix": c.num_layers * prefix * (c.hidden_size * self.dtype_bytes + kv),

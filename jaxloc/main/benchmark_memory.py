@@ -205,7 +205,7 @@ def generation(config: BenchmarkMemoryConfig) -> list[dict]:
     budget = memory.gpu80_budget(model, config.free_share)
     plan = memory.gpu80_generation_plan(model, shape, config.free_share)
     start = time.perf_counter()
-    row = memory.compare_generation(model, shape, compile_dtype(), plan.slots, plan.rows, plan.held_layers)
+    row = memory.compare_generation(model, shape, compile_dtype(), plan)
     row.update(preset=preset, budget_bytes=budget, plan_estimate_bytes=plan.estimated_bytes,
                compile_seconds=time.perf_counter() - start)
     rows.append(row)

@@ -6,6 +6,7 @@ import dataclasses
 import jax.numpy as jnp
 import pytest
 
+from jaxloc.bench import memory
 from jaxloc.engine import planner
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
@@ -107,8 +108,14 @@ def test_the_planner_answers_every_batch_size_from_one_budget(tiny_model):
   assert big.generation_slots(masks=1000, docs=1000, prefix=64, suffix=32, new=32).held_layers
   unheld = big.generation_bytes(1, 64, 64, 32, 32, 1, held_layers=False)
   assert unheld < big.generation_bytes(1, 64, 64, 32, 32, 1, held_layers=True)
+  # At the budget of the job with each decode call laying its layers out, holding them fits beside smaller inserts:
+  # the same slots and rows, a prefill room, each insert within it.
   tight = dataclasses.replace(big, budget=unheld).generation_slots(masks=1000, docs=1000, prefix=64, suffix=32, new=32)
-  assert (tight.slots, tight.rows, tight.held_layers) == (1, 64, False)
+  assert (tight.slots, tight.rows, tight.held_layers) == (1, 64, True)
+  assert tight.prefill_room is not None and tight.estimated_bytes <= unheld
+  assert big.insert_call(1, 64, 32, prefix=64, room=tight.prefill_room) == (1, 32)
+  assert big.insert_call(1, 64, 32, prefix=64) == (1, 64)
+  assert big.insert_bytes(1, 32, 32, 64) <= tight.prefill_room < big.insert_bytes(1, 64, 32, 64)
   rows = dict(suffix=64, context=16, targets=2, steps=20, num_requests=1000)
   assert 1 <= small.attribution_rows(**rows) < big.attribution_rows(**rows) <= 1000
   assert big.attribution_rows(**{**rows, "num_requests": 7}) == 7
@@ -129,6 +136,17 @@ def test_a_wide_prefix_spreads_rows_over_mask_slots_where_the_decode_then_reads_
 
   assert gsm8k(768) == (16, 8)
   assert gsm8k(8192) == (1, 128)
+  # At an 80 GB H100's default budget the job holds its layers (a decode call then copies none of its 15 GB), its
+  # inserts and mask loads cut to the 3.8 GiB the held layers leave: 4 slots of 8 rows where 16 would hold 8.1 GiB.
+  budget = memory.gpu80_budget(llama.model)
+  h100 = dataclasses.replace(llama, budget=budget, generation_batch=None)
+  layout = h100.generation_slots(masks=400, docs=100, prefix=768, suffix=128, new=256, stop_states=16,
+                                 platform="gpu")
+  assert (layout.slots, layout.rows, layout.held_layers) == (16, 8, True)
+  assert layout.estimated_bytes <= budget and layout.prefill_room is not None
+  assert h100.insert_call(16, 8, 128, prefix=768) == (16, 8)
+  assert h100.insert_call(16, 8, 128, prefix=768, room=layout.prefill_room) == (4, 8)
+  assert h100.load_masks(16, 768, layout.prefill_room) == 8 < h100.load_masks(16, 768)
   one, spread = (llama.generation_layout(s, r, 768, 128, 256, 1, held_layers=False) for s, r in ((1, 128), (16, 8)))
   reads_one, reads_spread = (llama.decode_reads(x, 400, 100, 768, 128, 256) for x in (one, spread))
   assert reads_spread < 0.9 * reads_one

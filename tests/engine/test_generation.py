@@ -349,3 +349,32 @@ def test_xla_over_the_budget_with_held_layers_lets_them_go_first(tiny_model, mon
   assert tight.generate(requests, masks) == expected
   unheld = next(iter(tight.generator._layouts.values()))  # noqa: SLF001
   assert (unheld.slots, unheld.rows, unheld.held_layers) == (held.slots, held.rows, False)
+
+
+
+def test_inserts_and_mask_loads_within_a_prefill_room_generate_the_same_texts(tiny_model, monkeypatch):
+  """A layout's prefill room bounds what each insert and mask load holds (`Planner.insert_call`,
+  `Planner.load_masks`): in a room of one byte (made so here) every insert starts one row in one mask slot and every
+  load loads one mask, and the job generates what an unbounded one does."""
+  import dataclasses
+
+  from jaxloc.engine.planner import Planner
+
+  requests = _few_shot_requests(8) * 4
+  masks = np.ones((4, 3, 6), np.float32)
+  masks[1, 0, 2] = masks[2, 1, 0] = masks[3, 2, 5] = 0
+  free = Engine(tiny_model, EngineConfig(generation_batch=8))
+  expected = free.generate(requests, masks)
+  free_calls = free.shared.stats.calls
+  (key, layout), = free.generator._layouts.items()  # noqa: SLF001
+  prefix, suffix = key[2:4]
+  assert layout.prefill_room is None and free.shared.planner.insert_call(layout.slots, layout.rows, suffix) != (1, 1)
+  plan = Planner.generation_slots
+  monkeypatch.setattr(Planner, "generation_slots",
+                      lambda self, **kw: dataclasses.replace(plan(self, **kw), prefill_room=1))
+  roomless = Engine(tiny_model, EngineConfig(generation_batch=8))
+  assert roomless.generate(requests, masks) == expected
+  planner = roomless.shared.planner
+  assert planner.insert_call(layout.slots, layout.rows, suffix, prefix=prefix, room=1) == (1, 1)
+  assert planner.load_masks(layout.slots, prefix, 1) == 1
+  assert roomless.shared.stats.calls > free_calls  # the same rows, started in more calls

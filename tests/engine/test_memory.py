@@ -2,6 +2,8 @@
 nothing allocated; on CPU the larger of the graph as XLA:CPU runs it and the graph without its library fusions):
 never under it, at most 25% over, at the shapes a run plans."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
@@ -85,7 +87,8 @@ def test_the_generation_estimate_is_never_under_xla_and_at_most_twice_it(preset,
   config = PRESETS[preset]
   plan = memory.generation_plan(config, TINY_GENERATION, jnp.float32, 8 * memory.GIB, platform="cpu")
   assert (plan.slots, plan.rows, plan.held_layers) == (4, 8, True)
-  row = memory.compare_generation(config, TINY_GENERATION, jnp.float32, plan.slots, plan.rows, held_layers)
+  row = memory.compare_generation(config, TINY_GENERATION, jnp.float32,
+                                  dataclasses.replace(plan, held_layers=held_layers))
   plans = planner.Planner(config, memory.GIB, 65536, 4)
   assert row["estimate_bytes"] == plans.generation_bytes(4, 8, *TINY_GENERATION.widths, TINY_GENERATION.stop_states,
                                                          held_layers=held_layers)
