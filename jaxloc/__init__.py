@@ -44,14 +44,20 @@ _EXPORTS = {
     "read_run": "jaxloc.api",
     "Run": "jaxloc.api",
     "UserError": "jaxloc.errors",
+  "Cache": "jaxloc.api.cache",
+  "LogitDiff": "jaxloc.api.gradients",
 }
 
-_SUBMODULES = ("masks",)  # jaxloc.masks: the mask builder, a module of its own
+# jaxloc.masks: the mask builder; jaxloc.interventions: site edits as data (zero, mean, patch, add, scale)
+_SUBMODULES = {"masks": "jaxloc.masks", "interventions": "jaxloc.api.interventions"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports on first use
   from jaxloc import masks  # noqa: F401
+  from jaxloc.api import interventions  # noqa: F401
+  from jaxloc.api.cache import Cache  # noqa: F401
+  from jaxloc.api.gradients import LogitDiff  # noqa: F401
   from jaxloc.api import Model, Run, from_hf, load, read_run, run_localization  # noqa: F401
   from jaxloc.engine.config import EngineConfig  # noqa: F401
   from jaxloc.engine.engine import Engine  # noqa: F401
@@ -65,7 +71,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
 
 def __getattr__(name: str) -> Any:
   if name in _SUBMODULES:
-    return importlib.import_module(f"jaxloc.{name}")
+    return importlib.import_module(_SUBMODULES[name])
   if name not in _EXPORTS:
     raise AttributeError(f"module 'jaxloc' has no attribute {name!r}")
   value = getattr(importlib.import_module(_EXPORTS[name]), name)

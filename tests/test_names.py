@@ -15,6 +15,7 @@ SAME_NAME = {
     "base": "each registry's base class (tasks, methods)",
     "masks": "the masks the engine takes, checked (engine) and the masks a user builds (the prompt-level API)",
     "heads_vs_neurons": "a study and its report page",
+    "patching": "patching experiments in the prompt-level API, and their benchmark",
 }
 
 

@@ -13,7 +13,7 @@ _EXPORTS = {
     "load": "jaxloc.api.model",
     "from_hf": "jaxloc.api.model",
     "Model": "jaxloc.api.model",
-    "Cache": "jaxloc.api.model",
+    "Cache": "jaxloc.api.cache",
     "Patching": "jaxloc.api.model",
     "TopK": "jaxloc.api.model",
     "run_localization": "jaxloc.api.runs",
@@ -24,7 +24,8 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-  from jaxloc.api.model import Cache, Model, Patching, TopK, from_hf, load  # noqa: F401
+  from jaxloc.api.cache import Cache  # noqa: F401
+  from jaxloc.api.model import Model, Patching, TopK, from_hf, load  # noqa: F401
   from jaxloc.api.runs import Run, read_run, run_localization  # noqa: F401
 
 

@@ -22,7 +22,9 @@ import numpy as np
 
 from jaxloc.errors import UserError
 from jaxloc.masks import MaskSet
-from jaxloc.models.decoder import Ablation, ModelOutput, OutputSpec, lm_logits
+from jaxloc.models import sites as sites_lib
+from jaxloc.models.decoder import Ablation, ModelOutput, OutputSpec, Resume, lm_logits
+from jaxloc.models.sites import Edit
 from jaxloc.models.loading import LoadedModel
 
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
@@ -45,23 +47,40 @@ class Batch:
     """int [P], each prompt's last token."""
     return self.lengths - 1
 
+  @property
+  def width(self) -> int:
+    """The longest prompt's token count: results are cut to it (`ids` run on to a multiple of TOKEN_BUCKET)."""
+    return int(self.lengths.max())
+
 
 def tokenize(model: LoadedModel, prompts: Prompts, add_special_tokens: bool = True) -> tuple[Batch, list[list[int]]]:
-  """The batch of `prompts` (strings, or token ids already) and each prompt's own ids."""
-  items: list[Any] = [prompts] if isinstance(prompts, str) else list(prompts)
-  if not items:
-    raise UserError("no prompts given")
+  """The batch of `prompts` (strings, or token ids already) and each prompt's own ids.
+
+  Checked here, the one way in for logits, run_with_cache and patch (`jaxloc.api.checks`): at least one prompt;
+  strings valid Unicode; every id an integer inside the vocabulary (negative ids, bools, floats and ids past
+  vocab_size refused, naming the prompt and position); a prompt longer than max_position_embeddings warns."""
+  from jaxloc.api import checks  # here, not at the top: this function is the only part of the module edited for it
+
+  try:
+    items: list[Any] = [prompts] if isinstance(prompts, str) else list(prompts)
+  except TypeError:
+    raise UserError(f"prompts must be a string, a list of strings or a list of token-id lists, not "
+                    f"{type(prompts).__name__}") from None
+  checks.require_prompts(items)
   if all(isinstance(p, str) for p in items):
     if model.tokenizer is None:
       raise UserError("this model has no tokenizer: pass prompts as token ids, or a tokenizer to jaxloc.from_hf")
+    checks.check_texts(items)
     ids = model.tokenizer(items, add_special_tokens=add_special_tokens)["input_ids"]
   elif all(not isinstance(p, str) for p in items):
-    ids = [[int(t) for t in p] for p in items]
+    ids = items
   else:
     raise UserError("prompts must be all strings or all token-id lists")
+  ids = checks.token_ids(ids, model.config.vocab_size)
   empty = [i for i, p in enumerate(ids) if not p]
   if empty:
     raise UserError(f"prompts {empty} have no tokens")
+  checks.warn_past_positions([len(p) for p in ids], model.config.max_position_embeddings, stacklevel=3)
   lengths = np.array([len(p) for p in ids], np.int32)
   width = -(-int(lengths.max()) // TOKEN_BUCKET) * TOKEN_BUCKET
   padded = np.zeros((len(ids), width), np.int32)
@@ -77,28 +96,40 @@ class Readout:
   last: logits at each prompt's last token only ([M, P, ...]) instead of every position ([M, P, S, ...]).
   top_k: the top-k tokens and their log-probabilities instead of logits (None: logits).
   columns: logits of these vocabulary columns only (None: all).
-  capture: the run's activations too (`OutputSpec.activations` and `residuals`).
+  sites: the named activations to return too (`sites.SITES` but `logits`, which the readout gives), a sorted tuple.
+  residuals: the residual stream entering every layer (to resume later calls there, `Forward.run`'s `resume`).
   """
 
   last: bool = False
   top_k: int | None = None
   columns: bool = False
-  capture: bool = False
+  sites: tuple[str, ...] = ()
+  residuals: bool = False
+
+
+# Per-layer sites whose heads the decoder holds split (K, G): [.., K, G, x] -> [.., H, x].
+_SPLIT_HEADS = ("q", "z", "head_out")
+_SPLIT_PATTERN = ("scores", "pattern")  # [.., K, G, S, S] -> [.., H, S, S]
 
 
 def _run(module: Any, config: Any, params: Any, ids: jax.Array, last: jax.Array, ablation: Ablation,
-         columns: jax.Array | None, *, readout: Readout, dtype: Any) -> dict[str, jax.Array]:
-  """One compiled call: ids int [P, S], last int [P], ablation fields with a leading Mc (masks) axis."""
+         columns: jax.Array | None, start: Resume | None, *, readout: Readout, dtype: Any) -> dict[str, jax.Array]:
+  """One compiled call: ids int [P, S], last int [P], ablation fields with a leading Mc (masks) axis; `start`
+  resumes at a layer from a residual stream (`decoder.Resume`)."""
   masks = ablation.num_masks
   tokens = jnp.broadcast_to(ids[None], (masks,) + ids.shape)
   positions = jnp.arange(ids.shape[1])[None, None]
-  spec = OutputSpec(residuals=readout.capture, activations=readout.capture)
-  out: ModelOutput = module.apply({"params": params}, tokens, positions, ablation=ablation, outputs=spec, dtype=dtype)
+  layer_sites = tuple(s for s in readout.sites if s != "final")
+  spec = OutputSpec(residuals=readout.residuals, sites=layer_sites)
+  out: ModelOutput = module.apply({"params": params}, tokens, positions, ablation=ablation, outputs=spec, dtype=dtype,
+                                  start=start)
   hidden = out.hidden
+  result: dict[str, jax.Array] = {}
+  if "final" in readout.sites:
+    result["final"] = hidden
   if readout.last:
     hidden = jnp.take_along_axis(hidden, last[None, :, None, None], axis=2)[:, :, 0]  # [Mc, P, D]
   logits = lm_logits(config, params, hidden)
-  result: dict[str, jax.Array] = {}
   if readout.top_k is not None:
     logprobs, tokens_ = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), readout.top_k)
     result["top_logprobs"], result["top_tokens"] = logprobs, tokens_
@@ -106,20 +137,33 @@ def _run(module: Any, config: Any, params: Any, ids: jax.Array, last: jax.Array,
     result["logits"] = jnp.take(logits, columns, axis=-1)
   else:
     result["logits"] = logits
-  if readout.capture:
-    # layers after masks: [Mc, L, ...]; heads [.., P, S, K, G, Dh] -> [.., P, S, H, Dh];
-    # attention [.., P, K, G, S, S] -> [.., P, H, S, S]
-    c = config
-    assert out.residual is not None and out.heads is not None and out.neurons is not None \
-        and out.attention is not None  # OutputSpec(residuals=True, activations=True) asked for them
-    result["residual"] = jnp.swapaxes(out.residual, 0, 1)
-    result["hidden"] = out.hidden
-    heads = jnp.swapaxes(out.heads, 0, 1)
-    result["heads"] = heads.reshape(heads.shape[:4] + (c.num_heads, c.head_dim))
-    result["neurons"] = jnp.swapaxes(out.neurons, 0, 1)
-    attention = jnp.swapaxes(out.attention, 0, 1)
-    result["attention"] = attention.reshape(attention.shape[:3] + (c.num_heads,) + attention.shape[-2:])
+  if readout.residuals:
+    assert out.residual is not None  # OutputSpec(residuals=True) asked for it
+    result["residual"] = jnp.swapaxes(out.residual, 0, 1)  # [Mc, L, P, S, D]
+  c = config
+  for name, value in (out.sites or {}).items():
+    if name == "embed":
+      result[name] = value
+      continue
+    value = jnp.swapaxes(value, 0, 1)  # layers after masks: [Mc, L, P, ...]
+    if name in _SPLIT_HEADS:
+      value = value.reshape(value.shape[:4] + (c.num_heads, value.shape[-1]))
+    elif name in _SPLIT_PATTERN:
+      value = value.reshape(value.shape[:3] + (c.num_heads,) + value.shape[-2:])
+    result[name] = value
   return result
+
+
+def site_bytes(config: Any, site: str, prompts: int, seq: int) -> int:
+  """Bytes one mask's value of `site` takes for `prompts` x `seq` tokens (float32), every layer."""
+  c = config
+  per_token = {"embed": c.hidden_size, "final": c.hidden_size, "logits": c.vocab_size,
+               "q": c.num_heads * c.head_dim, "z": c.num_heads * c.head_dim, "k": c.num_kv_heads * c.head_dim,
+               "v": c.num_kv_heads * c.head_dim, "scores": c.num_heads * seq, "pattern": c.num_heads * seq,
+               "head_out": c.num_heads * c.hidden_size, "mlp_pre": c.intermediate_size,
+               "mlp_post": c.intermediate_size}.get(site, c.hidden_size)
+  layers = c.num_layers if sites_lib.SITES[site].per_layer else 1
+  return layers * prompts * seq * per_token * 4
 
 
 def call_size(model: LoadedModel, batch: Batch, readout: Readout, num_masks: int) -> int:
@@ -130,10 +174,44 @@ def call_size(model: LoadedModel, batch: Batch, readout: Readout, num_masks: int
   per_position = 4 * c.hidden_size + 3 * c.intermediate_size + 2 * c.num_heads * (c.head_dim + seq)
   per_mask = prompts * seq * per_position * itemsize
   per_mask += prompts * (1 if readout.last else seq) * c.vocab_size * itemsize * 2
-  if readout.capture:
-    per_mask += c.num_layers * prompts * seq * (c.hidden_size + c.num_heads * (c.head_dim + seq)
-                                                + c.intermediate_size) * itemsize
+  per_mask += sum(site_bytes(c, site, prompts, seq) for site in readout.sites)
+  if readout.residuals:
+    per_mask += site_bytes(c, "resid_pre", prompts, seq)
   return int(max(1, min(num_masks, CALL_BUDGET // per_mask)))
+
+
+def _rows(array: np.ndarray | None, rows: np.ndarray, pad: int, value: float) -> np.ndarray | None:
+  """`array`'s rows [rows] (a leading axis of 1 broadcasts and is kept), padded with `pad` rows of `value`."""
+  if array is None or array.shape[0] == 1:
+    return array
+  taken = array[rows]
+  if pad:
+    taken = np.concatenate([taken, np.full((pad,) + taken.shape[1:], value, taken.dtype)])
+  return taken
+
+
+def first_touched_layer(masks: MaskSet, edits: Sequence[Edit], num_layers: int) -> np.ndarray:
+  """int [M]: each row's lowest layer that a mask ablates or an edit touches (num_layers where none does): the layers
+  below it compute what the unablated model computes."""
+  touched = np.zeros((len(masks), num_layers), bool)
+  for m in (masks.heads, masks.neurons):
+    if m is not None:
+      touched |= (np.asarray(m) != 1).any(axis=2)
+  for edit in edits:
+    # [rows, layers] (or [rows] for an edit of one layer): where the edit changes something
+    axes = 1 if edit.layer is not None else 2
+    changes = np.zeros((edit.num_rows,) + (() if axes == 1 else (num_layers,)), bool)
+    if edit.keep is not None:
+      changes |= (np.asarray(edit.keep) != 1).reshape(edit.keep.shape[:axes] + (-1,)).any(axis=-1)
+    if edit.add is not None:
+      changes |= (np.asarray(edit.add) != 0).reshape(edit.add.shape[:axes] + (-1,)).any(axis=-1)
+    if edit.where is not None:
+      changes &= np.asarray(edit.where).reshape(edit.where.shape[:axes] + (-1,)).any(axis=-1)
+    if edit.layer is not None:
+      touched[:, edit.layer] |= changes
+    else:
+      touched |= changes
+  return np.where(touched.any(axis=1), touched.argmax(axis=1), num_layers)
 
 
 class Forward:
@@ -144,34 +222,71 @@ class Forward:
     self._fn = jax.jit(functools.partial(_run, model.module, model.config), static_argnames=("readout", "dtype"))
 
   def run(self, batch: Batch, masks: MaskSet, readout: Readout, *, head_fill: np.ndarray | None = None,
-          neuron_fill: np.ndarray | None = None, columns: Sequence[int] | None = None) -> dict[str, np.ndarray]:
-    """Every output of `_run` for every mask, on the host, masks first: [M, ...].
+          neuron_fill: np.ndarray | None = None, columns: Sequence[int] | None = None,
+          edits: Sequence[Edit] = (), resume: bool = False) -> dict[str, np.ndarray]:
+    """Every output of `_run` for every row, on the host, rows first: [M, ...].
 
-    head_fill: float [L, H, Dh] or [L, P, S, H, Dh] (None: zero ablation); neuron_fill: [L, F] or [L, P, S, F]."""
+    masks: the rows' head/neuron keep-masks. head_fill: float [L, H, Dh] or [L, P, S, H, Dh] (None: zero ablation);
+    neuron_fill: [L, F] or [L, P, S, F]. edits: site edits with the same rows (`sites.Edit`, numpy arrays).
+    resume: rows that touch nothing below a layer start there from the unablated run's residual stream, computed
+    once (rows are grouped by their first touched layer, `first_touched_layer`); outputs are those of a full pass up
+    to float rounding. Needs a readout of no sites."""
     model = self.model
-    per_call = call_size(model, batch, readout, len(masks))
+    if masks.heads is None and masks.neurons is None and not edits:
+      raise UserError("a mask set with neither head nor neuron masks")
+    num_rows = len(masks)
+    per_call = call_size(model, batch, readout, num_rows)
     ids, last = jnp.asarray(batch.ids), jnp.asarray(batch.last)
     cols = None if columns is None else jnp.asarray(np.asarray(columns, np.int32))
     dtype = model.dtype
     fills = tuple(None if f is None else jnp.asarray(f, dtype) for f in (head_fill, neuron_fill))
-    heads, neurons = masks.heads, masks.neurons
-    if heads is None and neurons is None:
-      raise UserError("a mask set with neither head nor neuron masks")
-    parts: dict[str, list[np.ndarray]] = {}
-    for begin in range(0, len(masks), per_call):
-      real = min(per_call, len(masks) - begin)
+    groups: list[tuple[int, np.ndarray]] = [(0, np.arange(num_rows))]
+    residuals = None
+    if resume:
+      if readout.sites or readout.residuals:
+        raise ValueError("a resumed call returns no sites: they need every layer")
+      first = first_touched_layer(masks, edits, model.config.num_layers)
+      groups = [(int(layer), np.flatnonzero(first == layer)) for layer in np.unique(first)]
+      if any(layer > 0 for layer, _ in groups):
+        base = self._fn(model.params, ids, last, Ablation(head_mask=jnp.ones((1,) + masks_shape(model), dtype)),
+                        None, None, readout=Readout(last=True, residuals=True), dtype=dtype)
+        residuals = base["residual"][0]  # [L, P, S, D]
+    parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for layer, members in groups:
+      start = None
+      if layer > 0:
+        # A row touching nothing at all (layer L) runs the last layer alone: its outputs are the unablated run's.
+        begin = min(layer, model.config.num_layers - 1)
+        start = Resume(jnp.asarray(begin, jnp.int32), residuals[begin][None])
+      for offset in range(0, len(members), per_call):
+        rows = members[offset:offset + per_call]
+        pad = per_call - len(rows)
 
-      def chunk(m: np.ndarray | None) -> jax.Array | None:
-        if m is None:
-          return None
-        rows = m[begin:begin + per_call]
-        if real < per_call:  # one compiled shape: pad with unablated masks
-          rows = np.concatenate([rows, np.ones((per_call - real,) + rows.shape[1:], rows.dtype)])
-        return jnp.asarray(rows, dtype)
+        def put(m: np.ndarray | None, value: float = 1.0) -> jax.Array | None:
+          chosen = _rows(m, rows, pad, value)
+          return None if chosen is None else jnp.asarray(chosen)
 
-      ablation = Ablation(chunk(heads), fills[0] if heads is not None else None, chunk(neurons),
-                          fills[1] if neurons is not None else None)
-      out = self._fn(model.params, ids, last, ablation, cols, readout=readout, dtype=dtype)
-      for name, value in out.items():
-        parts.setdefault(name, []).append(np.asarray(value)[:real])
-    return {name: np.concatenate(values) for name, values in parts.items()}
+        heads, neurons = put(masks.heads), put(masks.neurons)
+        chunk_edits = tuple(Edit(e.site, put(e.keep), put(e.where, False), None if e.fill is None else
+                                 jnp.asarray(e.fill, dtype), put(e.add, 0.0), e.layer) for e in edits)
+        if heads is None and neurons is None and not any(e.num_rows > 1 for e in chunk_edits):
+          heads = jnp.ones((len(rows) + pad,) + masks_shape(model), dtype)  # the rows axis, for edits that broadcast
+        ablation = Ablation(None if heads is None else heads.astype(dtype), fills[0] if heads is not None else None,
+                            None if neurons is None else neurons.astype(dtype),
+                            fills[1] if neurons is not None else None, edits=chunk_edits)
+        out = self._fn(model.params, ids, last, ablation, cols, start, readout=readout, dtype=dtype)
+        for name, value in out.items():
+          parts.setdefault(name, []).append((rows, np.asarray(value)[:len(rows)]))
+    result = {}
+    for name, pieces in parts.items():
+      first_piece = pieces[0][1]
+      full = np.empty((num_rows,) + first_piece.shape[1:], first_piece.dtype)
+      for rows, value in pieces:
+        full[rows] = value
+      result[name] = full
+    return result
+
+
+def masks_shape(model: LoadedModel) -> tuple[int, int]:
+  """(layers, heads) of a head keep-mask for one row."""
+  return model.config.num_layers, model.config.num_heads

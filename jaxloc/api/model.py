@@ -26,14 +26,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc import masks as masks_lib
-from jaxloc.api.forward import Forward, Prompts, Readout, tokenize
+from jaxloc.api import interventions as interventions_lib
+from jaxloc.api.cache import Cache, blank_padding
+from jaxloc.api import checks, patching, readouts
+from jaxloc.api.forward import Batch, Forward, Prompts, Readout, tokenize
+from jaxloc.api.gradients import Gradients
+from jaxloc.api.patching import Patching
 from jaxloc.engine.config import EngineConfig
 from jaxloc.engine.engine import Engine
-from jaxloc.engine.requests import GenerationRequest, ScoringRequest
+from jaxloc.engine.requests import GenerationRequest, Sampling, ScoringRequest
 from jaxloc.errors import UserError
 from jaxloc.units import parse_unit
 from jaxloc.masks import MaskSet, Names
 from jaxloc.models import checkpoints
+from jaxloc.models import sites as sites_lib
 from jaxloc.models.config import ModelConfig, config_from_hf
 from jaxloc.models.decoder import Transformer
 from jaxloc.models.loading import LoadedModel, load_model, load_tokenizer, resolve_dtype
@@ -58,56 +64,6 @@ class TopK:
     return np.array(flat, object).reshape(self.tokens.shape)
 
 
-@dataclasses.dataclass
-class Cache:
-  """A run's activations under every mask (`Model.run_with_cache`), masks first.
-
-  residual: [M, L, P, S, D] the residual stream entering each layer; hidden: [M, P, S, D] after the final norm
-    (transformers' `hidden_states` are residual[:, 0..L-1] then hidden).
-  heads: [M, L, P, S, H, Dh] each head's output (the `o_proj` input, after the mask).
-  neurons: [M, L, P, S, F] MLP neuron values (the `down_proj` input, after the mask).
-  attention: [M, L, P, H, S, S] attention probabilities (query, key).
-  logits: [M, P, S, V]. tokens: each prompt's ids (positions past a prompt's length are padding). labels: [M].
-  """
-
-  residual: np.ndarray
-  hidden: np.ndarray
-  heads: np.ndarray
-  neurons: np.ndarray
-  attention: np.ndarray
-  logits: np.ndarray
-  tokens: list[list[int]]
-  labels: list[str]
-  config: ModelConfig = dataclasses.field(repr=False)
-
-  def pattern(self, head: str, mask: int = 0, prompt: int = 0) -> np.ndarray:
-    """Attention pattern [S, S] (query, key) of one head ("L8H1") for one prompt under one mask, cut to the
-    prompt's length."""
-    layer, index = parse_unit(head, self.config.num_layers, self.config.num_heads)
-    length = len(self.tokens[prompt])
-    return self.attention[mask, layer, prompt, index, :length, :length]
-
-
-@dataclasses.dataclass
-class Patching:
-  """An activation-patching sweep (`Model.patch`): logits at each prompt's last token when each unit set takes its
-  clean-run value in the corrupted run.
-
-  logits: [U, P, V] (or [U, P, T] for the `columns` asked for); clean, corrupted: [P, V] (or [P, T]) unpatched;
-  labels: [U] the unit sets ("L8H1").
-  """
-
-  logits: np.ndarray
-  clean: np.ndarray
-  corrupted: np.ndarray
-  labels: list[str]
-
-  def recovered(self, metric: np.ndarray, clean: np.ndarray, corrupted: np.ndarray) -> np.ndarray:
-    """(metric - corrupted) / (clean - corrupted): 1 where patching restores the clean value, 0 where it changes
-    nothing (any metric computed alike on `logits`, `clean` and `corrupted`)."""
-    return (metric - corrupted) / np.where(clean == corrupted, np.nan, clean - corrupted)
-
-
 class Model:
   """A language model to query under many masks at once. `loaded` is the `LoadedModel` (config, params, module,
   tokenizer); `engine` the `Engine` that `score` and `generate` run on (built on first use, with `engine_config`)."""
@@ -117,6 +73,7 @@ class Model:
     self._engine_config = engine_config
     self._engine: Engine | None = None
     self._forward = Forward(loaded)
+    self._gradients = Gradients(loaded)
 
   def __repr__(self) -> str:
     c = self.config
@@ -146,20 +103,56 @@ class Model:
     return tokenize(self.loaded, prompts)[1]
 
   def logits(self, prompts: Prompts, masks: Masks = None, *, heads: Names | None = None,
-             neurons: Names | None = None, last: bool = False, top_k: int | None = None) -> np.ndarray | TopK:
-    """Logits float32 [M, P, S, V] of every prompt under every mask (S the longest prompt; a shorter prompt's
-    positions past its end are padding), or [M, P, V] at each prompt's last token with `last`; with `top_k`, the
-    k likeliest tokens and their log-probabilities instead (`TopK`, [M, P, (S,) K]).
+             neurons: Names | None = None, last: bool = False, top_k: int | None = None,
+             columns: Sequence[int] | None = None, interventions: Sequence[Any] | None = None
+             ) -> np.ndarray | TopK:
+    """Logits of every prompt under every row: the masks, or the intervention rows.
 
-    masks: a `jaxloc.masks` MaskSet or head keep-masks [M, L, H]; heads / neurons: names of the units one mask
-    ablates ("L8H1,L20H5"); none of them: the unablated model (M = 1)."""
+    Args:
+      prompts: strings, or token-id lists.
+      masks: a `jaxloc.masks` MaskSet or head keep-masks [M, L, H]; heads / neurons: names of the units one mask
+        ablates ("L8H1,L20H5"); none of them: the unablated model (M = 1).
+      last: each prompt's last token only.
+      top_k: the k likeliest tokens and their log-probabilities instead (`TopK`).
+      columns: these vocabulary columns only (e.g. the answers' token ids).
+      interventions: rows of `jaxloc.interventions` (each one intervention or a list applied together), M of them,
+        all in one compiled call where memory allows; with masks, one mask for every row or one per row.
+
+    Returns:
+      float32 [M, P, S, V] (S the longest prompt; a shorter prompt's positions past its end hold NaN, never a
+      padding token's logits), [M, P, V] with `last`, [..., T] with `columns`; with `top_k` a `TopK` [M, P, (S,) K].
+    """
     if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
       raise UserError(f"top_k={top_k} must be between 1 and the vocabulary size {self.config.vocab_size}")
     batch, _ = tokenize(self.loaded, prompts)
-    out = self._forward.run(batch, self.masks(masks, heads, neurons), Readout(last=last, top_k=top_k))
+    if columns is not None:
+      columns = checks.check_columns(columns, self.config.vocab_size)
+    chosen, edits = self._rows(batch, masks, heads, neurons, interventions)
+    out = self._forward.run(batch, chosen, Readout(last=last, top_k=top_k, columns=columns is not None),
+                            columns=columns, edits=edits, resume=bool(edits))
     if top_k is not None:
-      return TopK(out["top_tokens"], out["top_logprobs"], self.tokenizer)
-    return out["logits"]
+      tokens_, logprobs = out["top_tokens"], out["top_logprobs"]
+      if not last:
+        tokens_ = tokens_[:, :, :batch.width]
+        logprobs = blank_padding(logprobs[:, :, :batch.width], "P S V", batch.lengths, 1)
+      return TopK(tokens_, logprobs, self.tokenizer)
+    logits = out["logits"]
+    return logits if last else blank_padding(logits[:, :, :batch.width], "P S V", batch.lengths, 1)
+
+  def _rows(self, batch: Batch, masks: Masks, heads: Names | None, neurons: Names | None,
+            interventions: Sequence[Any] | None) -> tuple[MaskSet, tuple]:
+    """The masks and site edits of a call's rows: the masks alone, or intervention rows (with one mask for all, or
+    one mask per row)."""
+    chosen = self.masks(masks, heads, neurons)
+    if interventions is None:
+      return chosen, ()
+    edits, labels = interventions_lib.compile_rows(interventions, self.config, batch.lengths, batch.ids.shape[1])
+    if len(chosen) == 1:
+      chosen = chosen[np.zeros(len(labels), int)]
+    elif len(chosen) != len(labels):
+      raise UserError(f"{len(chosen)} masks for {len(labels)} intervention rows: give one mask, or one per row")
+    return MaskSet(chosen.heads, chosen.neurons, labels if masks is None and heads is None and neurons is None
+                   else [f"{m} | {r}" for m, r in zip(chosen.labels, labels)]), edits
 
   def score(self, prompts: Sequence[str], continuations: Sequence[str], masks: Masks = None, *,
             heads: Names | None = None, neurons: Names | None = None, exact: bool = False) -> np.ndarray:
@@ -174,30 +167,87 @@ class Model:
       raise UserError("score takes lists: prompts=[...], continuations=[...] (one continuation per prompt)")
     if len(prompts) != len(continuations):
       raise UserError(f"{len(prompts)} prompts but {len(continuations)} continuations; give one per prompt")
+    checks.require_prompts(prompts)
+    checks.check_texts(list(prompts) + list(continuations))
     chosen = self.masks(masks, heads, neurons)
     requests = [ScoringRequest(p, c) for p, c in zip(prompts, continuations)]
     return self.engine.score(requests, chosen.heads, neuron_masks=chosen.neurons, exact=exact).logprob
 
   def generate(self, prompts: Sequence[str], masks: Masks = None, *, heads: Names | None = None,
-               neurons: Names | None = None, max_new_tokens: int = 32, stop: Sequence[str] = ()
+               neurons: Names | None = None, max_new_tokens: int = 32, stop: Sequence[str] = (),
+               temperature: float = 0.0, top_k: int | None = None, top_p: float = 1.0, seed: int = 0
                ) -> list[list[str]]:
-    """Greedy continuations [M][P] of every prompt under every mask, cut at the first of `stop` (continuous
-    batching, the prompts' shared prefix computed once per mask)."""
+    """Continuations of every prompt under every mask, cut at the first of `stop` (continuous batching, the prompts'
+    shared prefix computed once per mask): greedy at temperature 0, else sampled in the compiled decode step.
+
+    A sampled row's draws depend on the seed, its mask's index, its prompt's index and the token's index alone
+    (`jaxloc.engine.requests.Sampling`): the same seed gives the same texts, and a row's text does not change with
+    the other masks or prompts in the call, nor with how the engine batches them.
+
+    Args:
+      prompts: the prompts (a string is one prompt).
+      masks, heads, neurons: the masks, as `logits` takes them.
+      max_new_tokens: at most this many new tokens per continuation, at least 1.
+      stop: strings that end a continuation (cut off before the first).
+      temperature: 0 for greedy decoding, else the softmax temperature of the draws.
+      top_k: sample among the k likeliest tokens only (None: all).
+      top_p: then among the smallest set of the likeliest whose probability reaches top_p (1: all).
+      seed: the draws' seed, an int in [0, 2**32).
+
+    Returns:
+      texts [M][P].
+    """
     if isinstance(prompts, str):
       prompts = [prompts]
+    checks.require_prompts(prompts)
+    checks.check_texts(prompts)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+      raise UserError(f"max_new_tokens={max_new_tokens!r} must be an int at least 1")
+    sampling = Sampling(temperature, top_k, top_p, seed).check_vocab(self.config.vocab_size)
+    if self.tokenizer is not None:
+      lengths = [len(ids) for ids in self.tokenizer(list(prompts))["input_ids"]]
+      checks.warn_past_positions(lengths, self.config.max_position_embeddings, new_tokens=int(max_new_tokens),
+                                 stacklevel=3)
     chosen = self.masks(masks, heads, neurons)
-    requests = [GenerationRequest(p, tuple(stop), max_new_tokens) for p in prompts]
+    requests = [GenerationRequest(p, tuple(stop), int(max_new_tokens), sampling=sampling) for p in prompts]
     return self.engine.generate(requests, chosen.heads, neuron_masks=chosen.neurons)
 
   def run_with_cache(self, prompts: Prompts, masks: Masks = None, *, heads: Names | None = None,
-                     neurons: Names | None = None) -> Cache:
-    """Every layer's residual stream, per-head outputs, neuron values and attention patterns, and the logits, of
-    every prompt under every mask (`Cache`)."""
+                     neurons: Names | None = None, names: Any = None, interventions: Sequence[Any] | None = None
+                     ) -> Cache:
+    """The named activations of every prompt under every row (masks, or intervention rows), in one pass.
+
+    Args:
+      prompts, masks, heads, neurons, interventions: as `logits` takes them.
+      names: which sites to keep (`jaxloc.models.sites.SITES`): a site ("z"), a TransformerLens name
+        ("blocks.8.attn.hook_z": that layer only), a glob pattern ("resid_*"), a list of those, or a callable on
+        site names; None keeps every site. Only what is asked is computed and returned.
+
+    Returns:
+      a `Cache`: each site [M, L, P, S, ...] on real tokens (NaN past a shorter prompt's end), with `lengths`.
+    """
     batch, ids = tokenize(self.loaded, prompts)
-    chosen = self.masks(masks, heads, neurons)
-    out = self._forward.run(batch, chosen, Readout(capture=True))
-    return Cache(out["residual"], out["hidden"], out["heads"], out["neurons"], out["attention"], out["logits"], ids,
-                 chosen.labels, self.config)
+    try:
+      wanted = sites_lib.resolve_names(names, self.config.num_layers)
+    except ValueError as e:
+      raise UserError(str(e)) from None
+    chosen, edits = self._rows(batch, masks, heads, neurons, interventions)
+    readout = Readout(last="logits" not in wanted, sites=tuple(sorted(n for n in wanted if n != "logits")))
+    out = self._forward.run(batch, chosen, readout, edits=edits)
+    values, layers = {}, {}
+    for name, held in wanted.items():
+      value = out[name] if name != "logits" else out["logits"]
+      site = sites_lib.SITES[name]
+      if site.per_layer:
+        layers[name] = held if held is not None else tuple(range(self.config.num_layers))
+        value = value[:, list(layers[name])]
+      cut = [slice(None)] * value.ndim
+      leading = 2 if site.per_layer else 1
+      for i, axis in enumerate(site.axes.split()):
+        if axis == "S":
+          cut[leading + i] = slice(0, batch.width)
+      values[name] = blank_padding(value[tuple(cut)], site.axes, batch.lengths, leading)
+    return Cache(values, layers, ids, batch.lengths, chosen.labels, self.config)
 
   def patch(self, clean: Prompts, corrupted: Prompts, units: MaskSet | Names | None = None, *,
             columns: Sequence[int] | None = None) -> Patching:
@@ -224,16 +274,85 @@ class Model:
       sets = masks_lib.MaskSet(None, None, [])
       for name in names:
         sets = sets + (masks_lib.neurons(self, [name]) if "N" in name else masks_lib.heads(self, [name]))
+    sets = masks_lib.checked(self, sets)
+    if columns is not None:
+      columns = checks.check_columns(columns, self.config.vocab_size)
     readout = Readout(last=True, columns=columns is not None)
     unablated = masks_lib.none(self)
     captured = self._forward.run(clean_batch, unablated, Readout(last=True, columns=columns is not None,
-                                                                 capture=True), columns=columns)
+                                                                 sites=("mlp_post", "z")), columns=columns)
     # The clean run's outputs per position, laid out as the decoder's fills: [L, P, S, H, Dh] and [L, P, S, F].
-    head_fill, neuron_fill = captured["heads"][0], captured["neurons"][0]
+    head_fill, neuron_fill = captured["z"][0], captured["mlp_post"][0]
     corrupted_logits = self._forward.run(corrupted_batch, unablated, readout, columns=columns)["logits"][0]
     patched = self._forward.run(corrupted_batch, sets, readout, head_fill=head_fill, neuron_fill=neuron_fill,
                                 columns=columns)["logits"]
     return Patching(patched, captured["logits"][0], corrupted_logits, sets.labels)
+
+
+  def patch_by_position(self, clean: Prompts, corrupted: Prompts, site: str = "z", *,
+                        layers: Sequence[int] | None = None, positions: Sequence[int] | None = None,
+                        each_unit: bool = True, columns: Sequence[int] | None = None) -> Patching:
+    """Activation patching of every (layer, position, unit) of `site` alone, clean into corrupted, in few compiled
+    calls (TransformerLens' `get_act_patch_attn_head_out_by_pos` for `z`, `get_act_patch_resid_pre` for
+    `resid_pre`).
+
+    Args:
+      clean, corrupted: prompts that pair up, all of one token length.
+      site: an editable site (`jaxloc.models.sites.EDITABLE`).
+      layers, positions: the cells to patch (default all; negative positions from the end).
+      each_unit: one cell per head (or KV head, neuron) of a site that has units; False patches them together.
+      columns: keep only these vocabulary columns of the patched logits.
+
+    Returns:
+      a `Patching` whose `grid` is {"layer", "position"[, "head"]}; `metric(LogitDiff(...))` lays a metric out so.
+    """
+    return patching.by_position(self, clean, corrupted, site, layers=layers, positions=positions,
+                                each_unit=each_unit, columns=columns)
+
+  def path_patch(self, clean: Prompts, corrupted: Prompts, senders: Names, receivers: Names | None = None,
+                 receiver_site: str = "q", *, columns: Sequence[int] | None = None) -> Patching:
+    """Path patching from each sender head to the receiver heads' `receiver_site` (q, k or v), or to the logits
+    directly (no receivers): `jaxloc.api.patching.path`. One row per sender."""
+    return patching.path(self, clean, corrupted, senders, receivers, receiver_site, columns)
+
+  def attribution_patch(self, clean: Prompts, corrupted: Prompts, metric: Any, site: str = "z"
+                        ) -> tuple[np.ndarray, dict[str, list[int]]]:
+    """Attribution patching: the linear estimate [L, S, U] of patching every (layer, position, unit) of `site`,
+    from one forward and one backward pass (`jaxloc.api.patching.attribution`); with its grid."""
+    return patching.attribution(self, clean, corrupted, metric, site)
+
+  def gradients(self, prompts: Prompts, metric: Any, sites: Sequence[str] = ("z",), masks: Masks = None, *,
+                heads: Names | None = None, neurons: Names | None = None) -> tuple[float, dict[str, np.ndarray]]:
+    """A metric of the last tokens' logits and its gradients with respect to sites, in one forward and backward.
+
+    Args:
+      prompts: the prompts.
+      metric: a hashable function of logits [P, V] (each prompt's last token) returning a scalar, written with
+        jax.numpy (e.g. `jaxloc.api.gradients.LogitDiff`).
+      sites: editable sites (`jaxloc.models.sites.EDITABLE`).
+      masks, heads, neurons: one mask to run under (default: the unablated model).
+
+    Returns:
+      (the metric, {site: gradient [L, P, S, ...], the site's axes}).
+    """
+    batch, _ = tokenize(self.loaded, prompts)
+    chosen = self.masks(masks, heads, neurons)
+    if len(chosen) != 1:
+      raise UserError(f"gradients run under one mask, not {len(chosen)}")
+    return self._gradients.run(batch, None if chosen.heads is None else chosen.heads[0],
+                               None if chosen.neurons is None else chosen.neurons[0], metric, list(sites))
+
+  def logit_lens(self, cache: Cache, site: str = "resid_post", *, columns: Sequence[int] | None = None
+                 ) -> np.ndarray:
+    """Every held layer's residual stream through the final norm and the unembedding: logits [M, L, P, S, V]
+    (`jaxloc.api.readouts.logit_lens`)."""
+    return readouts.logit_lens(self.loaded, cache, site, columns)
+
+  def direct_logit_attribution(self, cache: Cache, tokens: Sequence[int], position: int = -1
+                               ) -> dict[str, np.ndarray]:
+    """Each component's share of the logit of `tokens` (one per prompt) at `position`: embed, each head, each
+    layer's attention and MLP (`jaxloc.api.readouts.direct_logit_attribution`)."""
+    return readouts.direct_logit_attribution(self.loaded, cache, tokens, position)
 
 
 def load(spec: str, *, dtype: Any = None, engine_config: EngineConfig | None = None, **options: Any) -> Model:

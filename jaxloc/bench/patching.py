@@ -27,6 +27,9 @@ from jaxloc.models.torch_reference import patched_heads_loop
 # IOI prompts: the clean one names the subject again before the verb; the corrupted one names the indirect object
 # there instead, which flips which name the model should say. Names of one token each keep a pair's lengths equal.
 TEMPLATE = "When {io} and {s} went to the {place}, {subject} gave a {thing} to"
+# The same sentence lengthened to 20 tokens for SmolLM2 (the length the peer-library comparison, `bench/peers.py`, is
+# run at).
+LONG_TEMPLATE = "After a long day, when {io} and {s} went to the {place} together, {subject} gave a {thing} to"
 NAMES = ("Mary", "John", "Tom", "James", "Anna", "Paul", "Sarah", "David", "Emma", "Mark")
 PLACES = ("store", "park", "school", "market")
 THINGS = ("drink", "book", "ball", "gift")
@@ -42,9 +45,10 @@ class PatchingConfig:
   torch_baseline: bool = setting(True, "Run the PyTorch hook loop (needs torch and transformers).")
 
 
-def ioi_pairs(model: Model, count: int) -> tuple[list[str], list[str], list[tuple[int, int]]]:
+def ioi_pairs(model: Model, count: int,
+              template: str = TEMPLATE) -> tuple[list[str], list[str], list[tuple[int, int]]]:
   """`count` (clean, corrupted) prompts of one token length, and each pair's (indirect object, subject) answer
-  token ids."""
+  token ids; `template` has the fields of `TEMPLATE`."""
   tok = model.tokenizer
   clean, corrupted, answers = [], [], []
   width = None
@@ -52,8 +56,8 @@ def ioi_pairs(model: Model, count: int) -> tuple[list[str], list[str], list[tupl
     io_id, s_id = (tok(" " + n, add_special_tokens=False)["input_ids"] for n in (io, s))
     if len(io_id) != 1 or len(s_id) != 1:
       continue
-    a = TEMPLATE.format(io=io, s=s, place=place, subject=s, thing=thing)
-    b = TEMPLATE.format(io=io, s=s, place=place, subject=io, thing=thing)
+    a = template.format(io=io, s=s, place=place, subject=s, thing=thing)
+    b = template.format(io=io, s=s, place=place, subject=io, thing=thing)
     length = len(model.tokens([a])[0])
     if length != len(model.tokens([b])[0]) or (width is not None and length != width):
       continue
@@ -188,3 +192,133 @@ def format_many_masks(m: dict[str, Any]) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
   return format_patching(report["patching"]) + "\n" + format_many_masks(report["many_masks"])
+
+
+# A 20-token IOI pair on SmolLM2's tokenizer (the clean prompt repeats the subject; the corrupted one the indirect
+# object), for the sweep over every head at every position that TransformerLens and nnsight run one forward a patch.
+SWEEP_CLEAN = "Then, when Mary and John went to the store, John gave a drink to"
+SWEEP_CORRUPTED = "Then, when Mary and John went to the store, Mary gave a drink to"
+PARITY_SITES = ("embed", "resid_pre", "q", "k", "v", "scores", "pattern", "z", "head_out", "attn_out", "resid_mid",
+                "mlp_pre", "mlp_post", "mlp_out", "resid_post", "final", "logits")
+
+
+@dataclasses.dataclass
+class SweepConfig:
+  peer_layers: int = setting(1, "Layers of the head x position sweep the peers run (each layer is H x S patches, one "
+                             "forward each for TransformerLens): their time per patch is measured there.", lower=1)
+  nnsight_invokes: int = setting(180, "Patches per nnsight trace (its fastest batched form).", lower=1)
+
+
+def sweep(model: Model, config: SweepConfig, hf_model: Any = None) -> dict[str, Any]:
+  """Activation patching of every head at every position of a 20-token IOI pair, every layer x position of the
+  residual stream, attribution patching and a filtered cache, with jaxloc; the same with TransformerLens and nnsight
+  (`jaxloc.bench.peers`) when `hf_model` is given and they are installed. Times are warm (each call run once first).
+  """
+  from jaxloc.api.gradients import LogitDiff
+
+  clean_ids, corrupted_ids = (model.tokens(p)[0] for p in (SWEEP_CLEAN, SWEEP_CORRUPTED))
+  io, s = model.tokens(" Mary")[0][0], model.tokens(" John")[0][0]
+  metric = LogitDiff((io,), (s,))
+  c = model.config
+  report: dict[str, Any] = {"model": model.loaded.name, "tokens": len(clean_ids), "prompts": [SWEEP_CLEAN,
+                                                                                            SWEEP_CORRUPTED]}
+
+  def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    fn()  # compiles
+    return best_time(fn, 1)
+
+  heads_seconds, heads = timed(lambda: model.patch_by_position(SWEEP_CLEAN, SWEEP_CORRUPTED, "z",
+                                                               columns=metric.columns))
+  exact, clean_value, corrupted_value = heads.metric(metric)  # [L, S, H]
+  resid_seconds, resid = timed(lambda: model.patch_by_position(SWEEP_CLEAN, SWEEP_CORRUPTED, "resid_pre",
+                                                               columns=metric.columns))
+  atp_seconds, (estimate, _) = timed(lambda: model.attribution_patch(SWEEP_CLEAN, SWEEP_CORRUPTED, metric))
+  cache_seconds, cache = timed(lambda: model.run_with_cache(SWEEP_CLEAN, names=["z", "pattern"]))
+  report["jaxloc"] = {
+      "head_position_patches": int(exact.size), "head_position_seconds": heads_seconds,
+      "seconds_per_patch": heads_seconds / exact.size,
+      "resid_pre_patches": int(resid.logits.shape[0]), "resid_pre_seconds": resid_seconds,
+      "atp_seconds": atp_seconds,
+      "atp_vs_exact_correlation": float(np.corrcoef(estimate.ravel(), (exact - corrupted_value).ravel())[0, 1]),
+      "clean_metric": clean_value, "corrupted_metric": corrupted_value,
+      "cache_entries": len(cache.keys()), "cache_mib": cache.nbytes / 2**20, "cache_seconds": cache_seconds}
+  if hf_model is None:
+    return report
+  try:
+    from jaxloc.bench import peers
+
+    bridge = peers.tl_bridge(hf_model, model.tokenizer)
+  except ImportError as e:
+    report["peers"] = f"not installed ({e}): pip install -e '.[peers]'"
+    return report
+  layers = list(range(c.num_layers - config.peer_layers, c.num_layers))
+  tl_metric = peers.logit_difference(io, s)
+  tl_heads, tl_seconds, tl_patches = peers.tl_head_position_patching(bridge, clean_ids, corrupted_ids, tl_metric,
+                                                                     layers=layers)
+  tl_resid, tl_resid_seconds, tl_resid_patches = peers.tl_resid_pre_patching(bridge, clean_ids, corrupted_ids,
+                                                                             tl_metric, layers=layers)
+  tl_atp, tl_atp_seconds = peers.tl_attribution_patching(bridge, clean_ids, corrupted_ids, tl_metric)
+  nn_heads, nn_seconds, nn_patches = peers.nnsight_head_position_patching(
+      hf_model, clean_ids, corrupted_ids, (io, s), layers=layers, invokes_per_trace=config.nnsight_invokes)
+  resid_exact = resid.metric(metric)[0]
+  tl_sites, tl_full = peers.tl_cache(bridge, clean_ids)
+  ours = model.run_with_cache(SWEEP_CLEAN, names=list(PARITY_SITES))
+  parity = {}
+  for site in PARITY_SITES:
+    if site not in tl_sites:
+      continue
+    mine = ours.get(site)
+    theirs = tl_sites[site]
+    if site == "scores":  # unseen keys: -inf here, float32's lowest there
+      seen = np.isfinite(mine)
+      mine, theirs = np.where(seen, mine, 0.0), np.where(seen, theirs, 0.0)
+    parity[site] = float(np.abs(mine - theirs).max())
+  per_patch = heads_seconds / exact.size
+  report["peers"] = {
+      "layers": layers,
+      "transformer_lens": {"patches": tl_patches, "seconds": tl_seconds, "seconds_per_patch": tl_seconds / tl_patches,
+                           "projected_all_seconds": tl_seconds / tl_patches * exact.size,
+                           "max_abs_vs_jaxloc": float(np.abs(tl_heads - exact[layers]).max()),
+                           "resid_pre_seconds_per_patch": tl_resid_seconds / tl_resid_patches,
+                           "resid_pre_max_abs_vs_jaxloc": float(np.abs(tl_resid - resid_exact[layers]).max()),
+                           "atp_seconds": tl_atp_seconds,
+                           "atp_max_abs_vs_jaxloc": float(np.abs(tl_atp - estimate).max()),
+                           "full_cache_entries": tl_full["entries"], "full_cache_mib": tl_full["mib"]},
+      "nnsight": {"patches": nn_patches, "invokes_per_trace": config.nnsight_invokes, "seconds": nn_seconds,
+                  "seconds_per_patch": nn_seconds / nn_patches,
+                  "projected_all_seconds": nn_seconds / nn_patches * exact.size,
+                  "max_abs_vs_jaxloc": float(np.abs(nn_heads - exact[layers]).max())},
+      "speedup_vs_transformer_lens": tl_seconds / tl_patches / per_patch,
+      "speedup_vs_nnsight": nn_seconds / nn_patches / per_patch,
+      "cache_parity_max_abs": parity}
+  return report
+
+
+def format_sweep(r: dict[str, Any]) -> str:
+  """The sweep's figures (`sweep`) as text."""
+  j = r["jaxloc"]
+  lines = [f"every head x position of a {r['tokens']}-token IOI pair ({j['head_position_patches']} patches), "
+           f"{r['model']}:",
+           f"  jaxloc patch_by_position: {j['head_position_seconds']:.2f} s ({j['seconds_per_patch'] * 1e3:.2f} ms a "
+           f"patch); resid_pre x position ({j['resid_pre_patches']} patches) {j['resid_pre_seconds']:.2f} s",
+           f"  jaxloc attribution patching: {j['atp_seconds']:.2f} s; correlation with the exact patches "
+           f"{j['atp_vs_exact_correlation']:.4f}",
+           f"  jaxloc run_with_cache(names=['z', 'pattern']): {j['cache_entries']} entries, {j['cache_mib']:.2f} MiB"]
+  p = r.get("peers")
+  if isinstance(p, str):
+    lines.append(f"  peers: {p}")
+  elif p:
+    t, n = p["transformer_lens"], p["nnsight"]
+    lines += [f"  TransformerLens get_act_patch_attn_head_out_by_pos, layers {p['layers']}: {t['seconds_per_patch']:.3f} "
+              f"s a patch (all {j['head_position_patches']}: {t['projected_all_seconds']:.0f} s projected); "
+              f"jaxloc {p['speedup_vs_transformer_lens']:.0f}x; max |diff| vs jaxloc {t['max_abs_vs_jaxloc']:.1e}",
+              f"  nnsight, {n['invokes_per_trace']} invokes a trace: {n['seconds_per_patch']:.3f} s a patch "
+              f"(all: {n['projected_all_seconds']:.0f} s projected); jaxloc {p['speedup_vs_nnsight']:.0f}x; max |diff| "
+              f"vs jaxloc {n['max_abs_vs_jaxloc']:.1e}",
+              f"  TransformerLens resid_pre: {t['resid_pre_seconds_per_patch']:.3f} s a patch, max |diff| "
+              f"{t['resid_pre_max_abs_vs_jaxloc']:.1e}; AtP {t['atp_seconds']:.2f} s, max |diff| vs jaxloc "
+              f"{t['atp_max_abs_vs_jaxloc']:.1e}; full cache {t['full_cache_entries']} entries, "
+              f"{t['full_cache_mib']:.1f} MiB",
+              "  cache parity, max |jaxloc - TransformerLens| per site: "
+              + ", ".join(f"{k} {v:.1e}" for k, v in p["cache_parity_max_abs"].items())]
+  return "\n".join(lines)

@@ -1,6 +1,7 @@
-"""The generation kernels: pure, jittable functions for greedy decoding of many (mask, prompt) rows held in slots, the
-prompts' shared prefix once per mask, each row only its own suffix and new tokens, rows replaced as they finish. The
-generation job that compiles them and drives them between chunks is `generator.py`.
+"""The generation kernels: pure, jittable functions for decoding many (mask, prompt) rows held in slots, the
+prompts' shared prefix once per mask, each row only its own suffix and new tokens, rows replaced as they finish; each
+next token greedy or sampled (`sampling.next_tokens`). The generation job that compiles them and drives them between
+chunks is `generator.py`.
 
 Axes: `slots` Ms (masks decoded at once; each holds one mask and its prefix's keys/values), `rows` Rs (row slots of a
 mask slot, each a (mask, prompt) pair of that mask), `prefix` P (the prompts' shared token prefix, right-padded),
@@ -28,8 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import DTypeLike
 
+from jaxloc.engine.sampling import Sampler, next_tokens
 from jaxloc.models.config import NO_WINDOW, ModelConfig
-from jaxloc.models.decoder import Ablation, OutputSpec, Resume, greedy_tokens, layer_params
+from jaxloc.models.decoder import Ablation, OutputSpec, Resume, layer_params
 from jaxloc.models.layers import Context
 
 Array = jax.Array
@@ -184,13 +186,15 @@ def load_masks(module: Any, params: Any, state: Slots, slot: Array, masks: Ablat
 
 
 def insert_rows(module: Any, config: ModelConfig, params: Any, state: Slots, slot: Array | None, row: Array,
-                tokens: Array, lengths: Array, *, pad_id: int, dtype: DTypeLike) -> Slots:
+                tokens: Array, lengths: Array, *, pad_id: int, dtype: DTypeLike, sampler: Sampler | None = None,
+                row_ids: Array | None = None) -> Slots:
   """Starts new rows in some mask slots: slot [Mi] names them (Ms, past the slots, a padding entry; None: every slot
   in order, Mi = Ms), and the suffixes tokens[i] [Ri, W] (right-padded, `lengths` [Mi, Ri] real tokens, W at most the
   cache) go into slot[i]'s row slots row[i] [Ri] (Rs drops a padding entry), prefilled under the slot's mask after
-  its prefix; each row's first new token is the argmax after its last suffix token. Named slots are gathered (their
-  masks, a copy of their prefix keys/values) and only they are computed; None reads every slot where it lies, so
-  that slots split over devices each stay on theirs."""
+  its prefix; each row's first new token is picked after its last suffix token (`sampling.next_tokens`: the argmax
+  without a `sampler`, else drawn with the key of row_ids [Mi, Ri, 2], each row's (mask, prompt) indices, and token
+  index 0). Named slots are gathered (their masks, a copy of their prefix keys/values) and only they are computed;
+  None reads every slot where it lies, so that slots split over devices each stay on theirs."""
   ablation, context = state.ablation, prefix_context(state)
   if slot is None:
     mi = jnp.arange(state.length.shape[0])[:, None]
@@ -207,7 +211,7 @@ def insert_rows(module: Any, config: ModelConfig, params: Any, state: Slots, slo
   out = module.apply({"params": params}, tokens, state.prefix_len + columns, ablation=ablation, context=context,
                      segments=segments, outputs=OutputSpec(kv=True), dtype=dtype)
   last = jnp.take_along_axis(out.hidden, jnp.maximum(lengths - 1, 0)[..., None, None], axis=2)[:, :, 0]
-  first = greedy_tokens(config, params, last)
+  first = next_tokens(config, params, last, sampler, row_ids, None if sampler is None else jnp.zeros_like(lengths))
   at = lambda a: a.at[mi, row]  # noqa: E731  [Mi, Ri] entries of a [Ms, Rs, ...] array
   starts = block_starts(state)
 
@@ -252,19 +256,22 @@ def decode_layers(config: ModelConfig, params: Any) -> tuple[Any, ...]:
 
 
 def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids: Array, stop_next: Array,
-           stop_hit: Array, budget: Array, *, steps: int, blocks: int, dtype: DTypeLike, skip: int = 0) -> Slots:
-  """Up to `steps` greedy steps of every live row (fewer once all are done), reading the first `blocks` blocks of
-  each row's cache, and the prefix from entry `skip` on in sliding-window layers (full layers read all of it).
+           stop_hit: Array, budget: Array, sampler: Sampler | None = None, row_ids: Array | None = None, *, steps: int,
+           blocks: int, dtype: DTypeLike, skip: int = 0) -> Slots:
+  """Up to `steps` steps of every live row (fewer once all are done), reading the first `blocks` blocks of each row's
+  cache, and the prefix from entry `skip` on in sliding-window layers (full layers read all of it).
 
   params: the model's, `params["layers"]` as `decode_layers` lays them out (once per job), or stacked [L, ...] (then
   laid out here, once per call, before the loop).
   A step emits each live row's current token, ends the row on EOS (eos_ids [E]), a stop string (stop_next, stop_hit
   [V, Q], `stops.stop_tables`) or its `budget`-th token (int32 scalar, at most T), and feeds the token through the
-  model to pick the next. The call's new keys/values go into a buffer of `steps` entries per row, which its later
-  steps read after the blocks, and into the blocks once the loop ends. The caller picks `blocks` to hold every live
-  row's filled positions (`read_blocks`), and `skip` at most `window_skip` of the live rows' first position: the
-  entries skipped are those every live row's window has passed (positions only grow within a call), so a sliding
-  layer's attention leaves out only prefix keys it would mask.
+  model to pick the next (`sampling.next_tokens`: greedy without a `sampler`, else drawn with the key of the row's
+  (mask, prompt) indices, row_ids [Ms, Rs, 2], and the index of the token drawn among the row's own). The call's new
+  keys/values go into a buffer of `steps` entries per row, which its later steps read after the blocks, and into the
+  blocks once the loop ends. The caller picks `blocks` to hold every live row's filled positions (`read_blocks`), and
+  `skip` at most `window_skip` of the live rows' first position: the entries skipped are those every live row's
+  window has passed (positions only grow within a call), so a sliding layer's attention leaves out only prefix keys
+  it would mask.
   """
   if not isinstance(params["layers"], tuple):
     params = dict(params, layers=decode_layers(config, params))
@@ -309,7 +316,7 @@ def decode(module: Any, config: ModelConfig, params: Any, state: Slots, eos_ids:
     hidden, new_k, new_v = jax.lax.optimization_barrier((out.hidden, out.k, out.v))
     k = tuple(nk.at[:, :, :, :, step].set(new[:, :, 0]) for nk, new in zip(k, new_k))
     v = tuple(nv.at[:, :, :, step].set(new[:, :, 0]) for nv, new in zip(v, new_v))
-    following = greedy_tokens(config, params, hidden[:, :, 0])
+    following = next_tokens(config, params, hidden[:, :, 0], sampler, row_ids, count)
     s = dataclasses.replace(s, length=s.length + ~done, current=jnp.where(done, s.current, following),
                             tokens=tokens, count=count, done=done, automaton=automaton)
     return step + 1, k, v, s

@@ -1,4 +1,5 @@
-"""The generation job of an engine: greedy continuations of many prompts under many masks, cut at stop strings.
+"""The generation job of an engine: continuations of many prompts under many masks, cut at stop strings, each token
+greedy or sampled (`requests.Sampling`, drawn in the compiled steps by `sampling.next_tokens`).
 
 Axes as in `generation_kernels.py`: `masks` M, `requests` R; a job decodes Ms masks at once in mask slots, each with Rs
 row slots of (mask, prompt) pairs. The prompts' longest shared token prefix (a task's few-shot examples) is prefilled
@@ -31,11 +32,11 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from numpy.typing import ArrayLike
 
-from jaxloc.engine import batching, generation_kernels, stops as stop_strings
+from jaxloc.engine import batching, generation_kernels, sampling as sampling_lib, stops as stop_strings
 from jaxloc.engine.masks import Fills, Masks, check_fills, check_masks, start_layers
 from jaxloc.engine.mesh import DATA, to_host
 from jaxloc.engine.planner import GIB, GenerationSlots
-from jaxloc.engine.requests import GenerationRequest
+from jaxloc.engine.requests import GREEDY, GenerationRequest, Sampling
 from jaxloc.engine.scoring_kernels import MIN_SHARED_PREFIX
 from jaxloc.engine.resources import SharedResources
 from jaxloc.errors import UserError
@@ -198,11 +199,20 @@ class Generator:
     return dict(params, layers=lay_out(params))
 
   def _decode_args(self, weights: dict[str, Any], state: generation_kernels.Slots, tables: tuple[jax.Array, ...],
-                   eos_ids: jax.Array) -> tuple[Any, ...]:
-    return (weights, state, eos_ids, tables[0], tables[1], jnp.int32(0))
+                   eos_ids: jax.Array, budget: jax.Array, sampler: sampling_lib.Sampler | None,
+                   row_ids: jax.Array | None) -> tuple[Any, ...]:
+    """A decode call's arguments; a greedy job's (sampler None) are those of the decode call before sampling."""
+    args = (weights, state, eos_ids, tables[0], tables[1], budget)
+    return args if sampler is None else args + (sampler, row_ids)
+
+  def _row_ids(self, mask_of: np.ndarray, doc_of: np.ndarray) -> jax.Array:
+    """int32 [Ms, Rs, 2]: each row slot's (mask, prompt) indices, split over devices as the slots are."""
+    ids = np.stack(np.broadcast_arrays(mask_of[:, None], doc_of), axis=-1).astype(np.int32)
+    return self.shared.placement.put(ids, self.shared.placement.split(ids.ndim))
 
   def _layout(self, key: Hashable, masks: Masks, fill: Fills, num_masks: int, num_docs: int, prefix: int,
-              suffix: int, new: int, tables: tuple[jax.Array, ...], eos_ids: jax.Array) -> GenerationSlots:
+              suffix: int, new: int, tables: tuple[jax.Array, ...], eos_ids: jax.Array,
+              sampler: sampling_lib.Sampler | None = None) -> GenerationSlots:
     """The planner's slots for this job's shapes; where its estimate comes near the budget, XLA's memory analysis of
     the compiled decode call (reading every block) confirms it, or the layout lets go of its held layers, then shrinks
     (`Planner.smaller`), until XLA measures one under the budget (each executable is kept, and the chosen one runs
@@ -217,8 +227,10 @@ class Generator:
       while True:  # from here on XLA decides, down to a layout it has measured under the budget
         abstract = self._abstract(Job(layout, 1, prefix, suffix, new), masks, fill)
         weights = self._weights(layout, abstract=True)
-        executable = self._decode_fn.executable(*self._decode_args(weights, abstract, tables, eos_ids),
-                                                steps=generation_kernels.CHUNK_STEPS,
+        row_ids = None if sampler is None else self._row_ids(np.zeros(layout.slots, np.int32),
+                                                             np.zeros((layout.slots, layout.rows), np.int32))
+        args = self._decode_args(weights, abstract, tables, eos_ids, jnp.int32(0), sampler, row_ids)
+        executable = self._decode_fn.executable(*args, steps=generation_kernels.CHUNK_STEPS,
                                                 blocks=len(generation_kernels.cache_blocks(suffix + new)))
         # Laid-out layers the job holds are its own copy: they count, the model's parameters do not.
         resident = {k: v for k, v in weights.items() if k != "layers" or not layout.held_layers}
@@ -242,10 +254,11 @@ class Generator:
 
   def _generate_grid(self, prompt_ids: Sequence[Sequence[int]] | Mapping[int, Sequence[int]], docs: Sequence[int],
                      masks: Masks, fill: Fills,
-                     stops: tuple[str, ...], max_new: int, progress: Callable[[int], None] | None = None
-                     ) -> Iterator[tuple[tuple[int, int], list[int]]]:
-    """Greedy tokens of every prompt `docs` under every mask, as rows end: ((mask, prompt), generated ids up to and
-    including the stop token)."""
+                     stops: tuple[str, ...], max_new: int, progress: Callable[[int], None] | None = None,
+                     sampling: Sampling = GREEDY) -> Iterator[tuple[tuple[int, int], list[int]]]:
+    """The tokens of every prompt `docs` under every mask, greedy or sampled (`sampling`, checked), as rows end:
+    ((mask, prompt), generated ids up to and including the stop token). A sampled row's keys come from its mask's
+    index in `masks` and its prompt's in `prompt_ids`."""
     if not docs or not len(masks):
       return
     shared, place = self.shared, self.shared.placement
@@ -257,9 +270,12 @@ class Generator:
     suffixes = {i: list(prompt_ids[i][prefix_len:]) for i in docs}
     suffix_width = batching.bucket(max(len(s) for s in suffixes.values()))  # every row prefills this wide
     new = batching.bucket_pow2(max_new)
-    kinds = (masks.heads is not None, masks.neurons is not None, fill.heads is not None, fill.neurons is not None)
+    sampler = sampling_lib.make_sampler(sampling, place.put)
+    kinds = (masks.heads is not None, masks.neurons is not None, fill.heads is not None, fill.neurons is not None,
+             jax.tree.structure(sampler))  # a sampling job's decode call is another executable, measured apart
     key = (batching.bucket_pow2(len(masks)), batching.bucket_pow2(len(docs)), prefix_width, suffix_width, new, kinds)
-    layout = self._layout(key, masks, fill, len(masks), len(docs), prefix_width, suffix_width, new, tables, eos_ids)
+    layout = self._layout(key, masks, fill, len(masks), len(docs), prefix_width, suffix_width, new, tables, eos_ids,
+                          sampler)
     weights = self._weights(layout)
     job = Job(layout, prefix_len, prefix_width, suffix_width, new)
     slots, rows = layout.slots, layout.rows
@@ -298,12 +314,13 @@ class Generator:
       if assigned:
         state = self._load(state, job, assigned, mask_of, masks, starts, unablated, prefix_tokens)
       queues = [pending.get(int(m), collections.deque()) for m in mask_of]  # a slot without a mask: none
-      state = self._insert(state, job, suffixes, queues, live, doc_of, length)
+      state = self._insert(state, job, suffixes, queues, live, doc_of, length, sampler, mask_of)
       if not live.any():
         break
       blocks = generation_kernels.read_blocks(int(length[live].max()), job.cache)
       skip = generation_kernels.window_skip(c, job.prefix, job.prefix_len + int(length[live].min()))
-      args = self._decode_args(weights, state, tables, eos_ids)[:-1] + (budget,)
+      row_ids = None if sampler is None else self._row_ids(mask_of, doc_of)
+      args = self._decode_args(weights, state, tables, eos_ids, budget, sampler, row_ids)
       state = self._decode_fn.executable(*args, steps=generation_kernels.CHUNK_STEPS, blocks=blocks, skip=skip)(*args)
       shared.stats.calls += 1
       done, count, length = (np.array(to_host(a)) for a in (state.done, state.count, state.length))
@@ -346,13 +363,14 @@ class Generator:
     return state
 
   def _insert(self, state: generation_kernels.Slots, job: Job, suffixes: dict[int, list[int]],
-              queues: Sequence[collections.deque[int]], live: np.ndarray, doc_of: np.ndarray,
-              length: np.ndarray) -> generation_kernels.Slots:
+              queues: Sequence[collections.deque[int]], live: np.ndarray, doc_of: np.ndarray, length: np.ndarray,
+              sampler: sampling_lib.Sampler | None, mask_of: np.ndarray) -> generation_kernels.Slots:
     """Fills every free row slot of each mask slot from its mask's queue of pending prompts (`queues[s]`, shared by
     the slots holding that mask). The prompts are prefilled by width (`batching.bucket_coarse` of each suffix, at
     most the job's), so a short prompt is not prefilled as wide as the job's longest: a call starts rows of one width
     in the mask slots that have some (in every slot where they are split over devices), at most the slots and rows
-    the planner's estimate covers at that width (`Planner.insert_call`, within the layout's prefill room)."""
+    the planner's estimate covers at that width (`Planner.insert_call`, within the layout's prefill room). With a
+    `sampler`, each row's first token is drawn with its (mask, prompt) indices (`mask_of` [Ms], the slots' masks)."""
     slots, rows = live.shape
     widths: dict[int, dict[int, list[tuple[int, int]]]] = {}  # width -> mask slot -> [(row slot, prompt)]
     for s, queue in enumerate(queues):
@@ -383,14 +401,18 @@ class Generator:
           row = np.full((size, inserted), rows, np.int32)
           tokens = np.full((size, inserted, width), self.shared.pad_id, np.int32)
           lengths = np.ones((size, inserted), np.int32)
+          row_ids = np.zeros((size, inserted, 2), np.int32)
           for i, (s, entries) in enumerate(calls):
             slot[i] = s
             for j, (r, doc) in enumerate(entries):
               suffix = suffixes[doc]
               row[i, j], lengths[i, j] = r, len(suffix)
               tokens[i, j, :len(suffix)] = suffix
+              row_ids[i, j] = (mask_of[s], doc)
+          # A greedy job's insert takes the arguments it took before sampling (the same executable).
+          drawn = {} if sampler is None else dict(sampler=sampler, row_ids=split(row_ids))
           state = self._insert_fn(place.params, state, None if every else place.put(slot), split(row), split(tokens),
-                                  split(lengths), pad_id=self.shared.pad_id)
+                                  split(lengths), pad_id=self.shared.pad_id, **drawn)
           self.shared.stats.calls += 1
     return state
 
@@ -399,7 +421,8 @@ class Generator:
   def generate(self, requests: Sequence[GenerationRequest], head_masks: ArrayLike | None = None,
                head_fill: ArrayLike | None = None, progress: Callable[[int], None] | None = None, *,
                neuron_masks: ArrayLike | None = None, neuron_fill: ArrayLike | None = None) -> list[list[str]]:
-    """Greedy continuations [M][R] of every request under every mask, cut at the first stop string."""
+    """Continuations [M][R] of every request under every mask, cut at the first stop string: greedy, or sampled as
+    each request's `sampling` says (a `UserError` where its top_k is over the vocabulary)."""
     config = self.shared.model_config
     masks = check_masks(config, head_masks, neuron_masks)
     tok = self.shared.model.tokenizer
@@ -413,12 +436,12 @@ class Generator:
         prompt_ids.update(zip(group, ids))
     fill = check_fills(config, head_fill, neuron_fill)
     texts = [[""] * len(requests) for _ in range(len(masks))]
-    # Requests that share stop strings and a token budget are one job.
+    # Requests that share stop strings, a token budget and sampling settings are one job.
     groups: dict = {}
     for i, r in enumerate(requests):
-      groups.setdefault((tuple(r.stop), r.max_new_tokens), []).append(i)
-    for (stops, max_new), members in groups.items():
-      for (m, i), ids in self._generate_grid(prompt_ids, members, masks, fill, stops, max_new, progress):
+      groups.setdefault((tuple(r.stop), r.max_new_tokens, r.sampling.check_vocab(config.vocab_size)), []).append(i)
+    for (stops, max_new, sampling), members in groups.items():
+      for (m, i), ids in self._generate_grid(prompt_ids, members, masks, fill, stops, max_new, progress, sampling):
         texts[m][i] = stop_strings.truncate_at_stop(tok.decode(ids, skip_special_tokens=True), stops)
     return texts
 

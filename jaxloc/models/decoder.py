@@ -38,6 +38,7 @@ import jax.numpy as jnp
 
 from jaxloc.models.config import ModelConfig
 from jaxloc.models.layers import MLP, Attention, Context, kernels_output_major, norm, out_major, rotary_tables
+from jaxloc.models.sites import Edit, Taps
 
 Array = jax.Array
 
@@ -49,9 +50,8 @@ class ModelOutput:
   head_sums: [L, M, K, G, Dh] per-head attention outputs and neuron_sums: [L, M, F] neuron values summed over
   valid tokens (`OutputSpec.unit_sums`; divide by the token count for mean-ablation fill values).
   residual: [L, M, R, S, D] the residual stream entering each layer (`OutputSpec.residuals`).
-  heads: [L, M, R, S, K, G, Dh] per-head attention outputs (the `o_proj` input, after the mask); neurons: [L, M, R, S,
-  F] MLP neuron values (the `down_proj` input, after the mask); attention: [L, M, R, K, G, S, C + C' + S] attention
-  probabilities (`OutputSpec.activations`).
+  sites: what `OutputSpec.sites` asks for (`sites.SITES`), per layer [L, M, R, S, ...] with heads split (K, G) (`pattern`,
+  `scores` [L, M, R, K, G, S, C + C' + S]); `embed` [M, R, S, D].
   """
 
   hidden: Array
@@ -60,13 +60,11 @@ class ModelOutput:
   head_sums: Array | None = None
   neuron_sums: Array | None = None
   residual: Array | None = None
-  heads: Array | None = None
-  neurons: Array | None = None
-  attention: Array | None = None
+  sites: dict[str, Array] | None = None
 
 
 jax.tree_util.register_dataclass(ModelOutput, data_fields=["hidden", "k", "v", "head_sums", "neuron_sums", "residual",
-                                                           "heads", "neurons", "attention"],
+                                                           "sites"],
                                  meta_fields=[])
 
 
@@ -80,24 +78,27 @@ class Ablation:
     another run's outputs of the same units (`OutputSpec.activations`), is mean ablation with a per-position fill.
   neuron_where: bool [M|1, R|1, S], the positions the neuron mask applies at (None: every position; integrated
     gradients scale one position).
-  """
+  edits: edits of named sites at chosen positions (`sites.Edit`, rows leading like the masks): interventions."""
 
   head_mask: Array | None = None
   head_fill: Array | None = None
   neuron_mask: Array | None = None
   neuron_fill: Array | None = None
   neuron_where: Array | None = None
+  edits: tuple[Edit, ...] = ()
 
   @property
   def num_masks(self) -> int:
-    masks = [m for m in (self.head_mask, self.neuron_mask) if m is not None]
+    masks = [m.shape[0] for m in (self.head_mask, self.neuron_mask) if m is not None]
+    masks += [e.num_rows for e in self.edits]
     if not masks:
       raise ValueError("this ablation holds no masks")
-    return masks[0].shape[0]
+    return max(masks)
 
 
 jax.tree_util.register_dataclass(
-    Ablation, data_fields=["head_mask", "head_fill", "neuron_mask", "neuron_fill", "neuron_where"], meta_fields=[])
+    Ablation, data_fields=["head_mask", "head_fill", "neuron_mask", "neuron_fill", "neuron_where", "edits"],
+    meta_fields=[])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,14 +108,13 @@ class OutputSpec:
   kv: every layer's keys/values of these tokens (to build a context: a shared prefix, a decoding cache).
   residuals: the residual stream entering every layer (to resume at a later layer, `Resume`).
   unit_sums: per-head attention outputs and neuron values summed over valid tokens (mean-ablation fill values).
-  activations: every layer's per-head outputs, neuron values and attention probabilities at every position (a
-    cache of the run for inspection, or the fill of activation patching).
+  sites: the named activations to return at every position (`sites.SITES`), a sorted tuple of names.
   """
 
   kv: bool = False
   residuals: bool = False
   unit_sums: bool = False
-  activations: bool = False
+  sites: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -151,7 +151,7 @@ class LayerInputs:
   per layer by `Transformer.unrolled`, never stacked.
   window: int [L], how far back each layer's queries see (`ModelConfig.layer_windows`; None when no layer slides).
   rope: int [L], each layer's rotary table in `SharedInputs.cos`/`sin` (None when every layer uses the first).
-  """
+  edits: `Ablation.edits` with layers leading (`sites.Edit.per_layer`)."""
 
   index: Array
   head_mask: Array | None = None
@@ -164,6 +164,7 @@ class LayerInputs:
   cache_v: tuple[Array, ...] | None = None
   window: Array | None = None
   rope: Array | None = None
+  edits: tuple[Edit, ...] = ()
 
   @classmethod
   def build(cls, config: ModelConfig, ablation: Ablation, context: Context | None, num_masks: int) -> "LayerInputs":
@@ -180,6 +181,7 @@ class LayerInputs:
       inputs.neuron_fill = ablation.neuron_fill
     if context is not None:
       inputs.context_k, inputs.context_v = context.k, context.v
+    inputs.edits = tuple(edit.per_layer() for edit in ablation.edits if edit.layer is None)
     if c.has_sliding_layers:
       inputs.window = jnp.asarray(c.layer_windows(), jnp.int32)
     if len(c.ropes()) > 1:
@@ -189,7 +191,7 @@ class LayerInputs:
 
 jax.tree_util.register_dataclass(LayerInputs, data_fields=["index", "head_mask", "head_fill", "neuron_mask",
                                                            "neuron_fill", "context_k", "context_v", "cache_k",
-                                                           "cache_v", "window", "rope"],
+                                                           "cache_v", "window", "rope", "edits"],
                                  meta_fields=[])
 
 
@@ -203,6 +205,7 @@ class SharedInputs:
   cache_valid: bool [M, R, C'] and cache_positions: int [M|1, R|1, C'] of each block of the decoding cache (tuples,
   as `LayerInputs.cache_k`), or None;
   start_layer: int32 scalar or None (`Resume`).
+  edits: the edits of one layer each (`sites.Edit.layer`), read whole by every layer.
   """
 
   cos: Array
@@ -217,12 +220,13 @@ class SharedInputs:
   start_layer: Array | None = None
   mask_starts: Array | None = None
   start_residuals: Array | None = None
+  edits: tuple[Edit, ...] = ()
 
 
 jax.tree_util.register_dataclass(SharedInputs, data_fields=["cos", "sin", "positions", "segments", "neuron_where",
                                                             "context_valid", "context_positions", "cache_valid",
                                                             "cache_positions", "start_layer", "mask_starts",
-                                                            "start_residuals"],
+                                                            "start_residuals", "edits"],
                                  meta_fields=[])
 
 
@@ -236,13 +240,11 @@ class LayerOutputs:
   head_sums: Array | None = None
   neuron_sums: Array | None = None
   residual: Array | None = None
-  heads: Array | None = None
-  neurons: Array | None = None
-  attention: Array | None = None
+  sites: dict[str, Array] | None = None
 
 
-jax.tree_util.register_dataclass(LayerOutputs, data_fields=["k", "v", "head_sums", "neuron_sums", "residual", "heads",
-                                                            "neurons", "attention"],
+jax.tree_util.register_dataclass(LayerOutputs, data_fields=["k", "v", "head_sums", "neuron_sums", "residual",
+                                                            "sites"],
                                  meta_fields=[])
 
 
@@ -288,17 +290,19 @@ class DecoderLayer(nn.Module):
     if layer.cache_k is not None:
       cache = tuple(map(Context, layer.cache_k, layer.cache_v, shared.cache_valid, shared.cache_positions))
     rope = 0 if layer.rope is None else layer.rope
-    attn_out, head_out, k, v, probs = self.attn(self.attn_norm(x) if cfg.pre_norm else x, shared.cos[rope], shared.sin[rope],
-                                         layer.head_mask, layer.head_fill, context, shared.segments, shared.positions,
-                                         layer.window, cache)
+    taps = Taps(layer.edits + shared.edits, self.outputs.sites, layer.index)
+    x = taps("resid_pre", x)
+    attn_out, head_out, k, v, _ = self.attn(self.attn_norm(x) if cfg.pre_norm else x, shared.cos[rope],
+                                            shared.sin[rope], layer.head_mask, layer.head_fill, context,
+                                            shared.segments, shared.positions, layer.window, cache, taps)
     if cfg.post_norm:
       attn_out = self.post_attn_norm(attn_out)
-    x = x + attn_out
-    mlp_out, neurons, neurons_out = self.mlp(self.mlp_norm(x) if cfg.pre_norm else x, layer.neuron_mask, layer.neuron_fill,
-                                shared.neuron_where)
+    x = taps("resid_mid", x + taps("attn_out", attn_out))
+    mlp_out, neurons, _ = self.mlp(self.mlp_norm(x) if cfg.pre_norm else x, layer.neuron_mask, layer.neuron_fill,
+                                   shared.neuron_where, taps)
     if cfg.post_norm:
       mlp_out = self.post_mlp_norm(mlp_out)
-    x = x + mlp_out
+    x = taps("resid_post", x + taps("mlp_out", mlp_out))
     outputs = LayerOutputs()
     if self.outputs.kv:
       outputs.k, outputs.v = k, v
@@ -307,8 +311,8 @@ class DecoderLayer(nn.Module):
       weights = jnp.broadcast_to(weights, head_out.shape[:3])
       outputs.head_sums = jnp.einsum("mrs,mrskgh->mkgh", weights, head_out.astype(jnp.float32))
       outputs.neuron_sums = jnp.einsum("mrs,mrsf->mf", weights, neurons.astype(jnp.float32))
-    if self.outputs.activations:
-      outputs.heads, outputs.neurons, outputs.attention = head_out, neurons_out, probs
+    if self.outputs.sites:
+      outputs.sites = {name: taps.values[name] for name in self.outputs.sites if name in taps.values}
     return x, outputs
 
   def skip(self, x: Array, layer: LayerInputs, shared: SharedInputs):
@@ -361,8 +365,8 @@ class Transformer(nn.Module):
     """
     cfg = self.config
     dtype = dtype or self.param_dtype
-    if (outputs.unit_sums or outputs.activations) and start is not None:
-      raise ValueError("unit sums and activations need every layer: a forward pass that collects them cannot resume "
+    if (outputs.unit_sums or outputs.sites) and start is not None:
+      raise ValueError("unit sums and sites need every layer: a forward pass that collects them cannot resume "
                        "at a later layer")
     embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, param_dtype=self.param_dtype,
                      embedding_init=nn.initializers.normal(0.02), name="embed")
@@ -372,6 +376,7 @@ class Transformer(nn.Module):
       x = embed(tokens).astype(dtype)
       if cfg.embed_scale:  # the scale rounded to the activation dtype, as transformers' Gemma
         x = x * jnp.asarray(cfg.hidden_size**0.5, dtype)
+      embedded = x
     else:
       x = jnp.broadcast_to(start.residual.astype(dtype), tokens.shape + (cfg.hidden_size,))
     cos, sin = rotary_tables(cfg, positions)
@@ -389,7 +394,8 @@ class Transformer(nn.Module):
                           None if visible is None else tuple(b.valid for b in visible),
                           None if visible is None else tuple(b.positions for b in visible),
                           None if start is None else start.layer, None if start is None else start.starts,
-                          None if start is None else start.residuals)
+                          None if start is None else start.residuals,
+                          tuple(edit for edit in ablation.edits if edit.layer is not None))
     if cache is not None:
       x, stacked = self.unrolled(x, layer, shared, cache, outputs, per_layer)
     else:
@@ -397,8 +403,10 @@ class Transformer(nn.Module):
                        in_axes=(0, nn.broadcast), length=cfg.num_layers)(cfg, self.param_dtype, outputs, name="layers")
       x, stacked = layers(x, layer, shared)
     hidden = norm(cfg, self.param_dtype, "final_norm")(x)
-    return ModelOutput(hidden, stacked.k, stacked.v, stacked.head_sums, stacked.neuron_sums, stacked.residual,
-                       stacked.heads, stacked.neurons, stacked.attention)
+    sites = stacked.sites
+    if "embed" in outputs.sites:
+      sites = {**(sites or {}), "embed": embedded}
+    return ModelOutput(hidden, stacked.k, stacked.v, stacked.head_sums, stacked.neuron_sums, stacked.residual, sites)
 
   def unrolled(self, x: Array, layer: LayerInputs, shared: SharedInputs, caches: tuple[tuple[Context, ...], ...],
                outputs: OutputSpec, contexts: tuple[Context, ...] | None = None) -> tuple[Array, LayerOutputs]:

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloc.models.config import ModelConfig, RopeScaling
+from jaxloc.models.sites import Taps, apply_edit
 
 try:  # the CPU features numpy detected at run time (`kernels_output_major`)
   from numpy._core._multiarray_umath import __cpu_features__ as _CPU_FEATURES  # type: ignore[attr-defined]
@@ -241,7 +242,7 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x: Array, cos: Array, sin: Array, head_mask: Array | None, head_fill: Array | None,
                context: Context | None, segments: Array | None, positions: Array | None = None,
-               window: Array | None = None, cache: tuple[Context, ...] = ()):
+               window: Array | None = None, cache: tuple[Context, ...] = (), taps: Taps | None = None):
     """x: [M, R, S, D]; head_mask: [M, K, G] (1 keep, 0 ablate); head_fill: [K, G, Dh], or [R, S, K, G, Dh] a value
     per request and position (activation patching: another run's head outputs), or None (zero ablation);
     context: keys/values shared by each mask's requests (k [M, C, K, Dh], v [M, K, Dh, C]); cache: each request's own,
@@ -251,7 +252,8 @@ class Attention(nn.Module):
     a mask's prefix is read once for all its requests;
     segments: int [M|1, R|1, S] or None (`Transformer`: a token sees earlier tokens of its own segment only);
     window: int32 scalar or None: a query at position p sees keys at positions > p - window (`positions`
-    [M|1, R|1, S], the queries' own; context keys carry theirs).
+    [M|1, R|1, S], the queries' own; context keys carry theirs);
+    taps: the layer's edits and records of sites `q`, `k`, `v`, `scores`, `pattern`, `z`, `head_out` (`sites.Taps`).
 
     Returns (y [M, R, S, D], head outputs [M, R, S, K, G, Dh] after the mask, k, v [M, R, S, K, Dh], attention
     probabilities [M, R, K, G, S, C + C' + S] over the context, the cache's blocks and these tokens, in that order).
@@ -261,16 +263,20 @@ class Attention(nn.Module):
     init = nn.initializers.normal(0.02)
     dtype = x.dtype
 
-    def dense(name, inputs, shape):  # shape: [*in, *out], as checkpoints store it
-      kernel = self.param(name, init, stored_shape(name, shape, self.out_major), self.param_dtype).astype(dtype)
-      return project(inputs, kernel, KERNEL_INPUTS[name], self.out_major)
+    taps = taps or Taps()
+
+    def weight(name, shape):  # shape: [*in, *out], as checkpoints store it
+      return self.param(name, init, stored_shape(name, shape, self.out_major), self.param_dtype).astype(dtype)
+
+    def dense(name, inputs, shape):
+      return project(inputs, weight(name, shape), KERNEL_INPUTS[name], self.out_major)
 
     def bias(name, shape, enabled):
       return self.param(name, nn.initializers.zeros, shape, self.param_dtype).astype(dtype) if enabled else 0
 
-    q = dense("q_kernel", x, (d, kvh, groups, hd)) + bias("q_bias", (kvh, groups, hd), cfg.qkv_bias)
-    k = dense("k_kernel", x, (d, kvh, hd)) + bias("k_bias", (kvh, hd), cfg.qkv_bias)
-    v = dense("v_kernel", x, (d, kvh, hd)) + bias("v_bias", (kvh, hd), cfg.qkv_bias)
+    q = taps("q", dense("q_kernel", x, (d, kvh, groups, hd)) + bias("q_bias", (kvh, groups, hd), cfg.qkv_bias))
+    k = taps("k", dense("k_kernel", x, (d, kvh, hd)) + bias("k_bias", (kvh, hd), cfg.qkv_bias))
+    v = taps("v", dense("v_kernel", x, (d, kvh, hd)) + bias("v_bias", (kvh, hd), cfg.qkv_bias))
     if cfg.qk_norm == "head":
       q, k = norm(cfg, self.param_dtype, "q_norm")(q), norm(cfg, self.param_dtype, "k_norm")(k)
     elif cfg.qk_norm == "projection":  # over every head of the projection at once (OLMo-2)
@@ -288,6 +294,8 @@ class Attention(nn.Module):
     if window is not None:
       visible = visible & (positions[..., None, :] > positions[..., :, None] - window)[:, :, None, None]
     scores = jnp.einsum("mrskgh,mrtkh->mrkgst", q, k, preferred_element_type=jnp.float32) * scale
+    if taps.wants("scores"):  # as TransformerLens' hook_attn_scores: -inf where a query does not see a key
+      taps("scores", jnp.where(visible, _soft_cap(scores, cfg.attn_softcap), -jnp.inf))
     scores = jnp.where(visible, _soft_cap(scores, cfg.attn_softcap), _MASKED_SCORE)
     blocks = []  # (scores [M, R, K, G, S, C], values, einsum of probabilities and values), earlier keys first
     for earlier in (context, *cache):
@@ -320,14 +328,17 @@ class Attention(nn.Module):
     total = functools.reduce(jnp.add, [e.sum(axis=-1, keepdims=True) for e in exps])  # [M, R, K, G, S, 1]
     out = functools.reduce(jnp.add, [product(e.astype(dtype), values) for e, (_, values, product) in zip(exps, blocks)])
     out = (out / jnp.moveaxis(total, 4, 2)).astype(dtype)
-    probs = jnp.concatenate([(e / total).astype(dtype) for e in exps], axis=-1)
+    probs = taps("pattern", jnp.concatenate([(e / total).astype(dtype) for e in exps], axis=-1))
 
     if head_mask is not None:
-      keep = head_mask.astype(dtype)[:, None, None, :, :, None]
-      out = out * keep
-      if head_fill is not None:
-        out = out + (1 - keep) * head_fill.astype(dtype)
-    y = dense("o_kernel", out, (kvh, groups, hd, d)) + bias("o_bias", (d,), cfg.o_bias)
+      out = apply_edit(out, 2, head_mask, head_fill)
+    out = taps("z", out)
+    o_kernel = weight("o_kernel", (kvh, groups, hd, d))
+    if taps.wants("head_out"):  # each head's share of the output, [M, R, S, K, G, D]
+      if self.out_major:
+        raise ValueError("per-head outputs are read from a forward pass over stacked layers, not a decode step")
+      taps("head_out", jnp.einsum("mrskgh,kghd->mrskgd", out, o_kernel))
+    y = project(out, o_kernel, KERNEL_INPUTS["o_kernel"], self.out_major) + bias("o_bias", (d,), cfg.o_bias)
     return y, out, k, v, probs
 
 
@@ -341,10 +352,11 @@ class MLP(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, neuron_mask: Array | None = None, neuron_fill: Array | None = None,
-               neuron_where: Array | None = None) -> Array:
+               neuron_where: Array | None = None, taps: Taps | None = None) -> Array:
     """x: [M, R, S, D]; neuron_mask: [M, F] (1 keep, 0 ablate); neuron_fill: [F], or [R, S, F] a value per request
     and position (activation patching), or None (zero ablation);
-    neuron_where: bool [M|1, R|1, S], the positions the mask applies at (None: every position).
+    neuron_where: bool [M|1, R|1, S], the positions the mask applies at (None: every position);
+    taps: the layer's edits and records of sites `mlp_pre` and `mlp_post` (`sites.Taps`).
 
     Returns (y [M, R, S, D], neuron values [M, R, S, F] before the mask, neuron values after it).
     """
@@ -361,12 +373,10 @@ class MLP(nn.Module):
       return y
 
     act = jax.nn.silu if cfg.hidden_act == "silu" else functools.partial(jax.nn.gelu, approximate=True)
-    hidden = act(dense("gate", x, (d, f))) * dense("up", x, (d, f))
+    taps = taps or Taps()
+    hidden = act(taps("mlp_pre", dense("gate", x, (d, f)))) * dense("up", x, (d, f))
+    ablated = hidden
     if neuron_mask is not None:
-      keep = neuron_mask.astype(hidden.dtype)[:, None, None, :]
-      ablated = hidden * keep
-      if neuron_fill is not None:
-        ablated = ablated + (1 - keep) * neuron_fill.astype(hidden.dtype)
-      ablated = ablated if neuron_where is None else jnp.where(neuron_where[..., None], ablated, hidden)
-      return dense("down", ablated, (f, d)), hidden, ablated
-    return dense("down", hidden, (f, d)), hidden, hidden
+      ablated = apply_edit(hidden, 1, neuron_mask, neuron_fill, neuron_where)
+    ablated = taps("mlp_post", ablated)
+    return dense("down", ablated, (f, d)), hidden, ablated

@@ -79,23 +79,27 @@ def test_head_masks_match_the_o_proj_hook_and_many_masks_equal_one_call_each(mod
 def test_cache_matches_hidden_states_attentions_and_o_proj_inputs(model, torch_model):
   from jaxloc.models.torch_reference import o_proj_inputs
 
-  cache = model.run_with_cache(PROMPTS, jaxloc.masks.none(model) + jaxloc.masks.heads(model, "L1H2"))
+  cache = model.run_with_cache(PROMPTS, jaxloc.masks.none(model) + jaxloc.masks.heads(model, "L1H2"),
+                               names=["resid_pre", "pattern", "z", "final", "logits"])
   c = model.config
   for p, ids in enumerate(cache.tokens):
     n = len(ids)
     out = _torch_run(torch_model, ids, output_hidden_states=True, output_attentions=True)
     for layer in range(c.num_layers):
-      assert gap(cache.residual[0, layer, p, :n], out.hidden_states[layer][0].numpy()) < TOLERANCE
-      assert gap(cache.attention[0, layer, p, :, :n, :n], out.attentions[layer][0].numpy()) < TOLERANCE
-    assert gap(cache.hidden[0, p, :n], out.hidden_states[c.num_layers][0].numpy()) < TOLERANCE
+      assert gap(cache.get("resid_pre", layer, prompt=p), out.hidden_states[layer][0].numpy()) < TOLERANCE
+      assert gap(cache.get("pattern", layer, prompt=p), out.attentions[layer][0].numpy()) < TOLERANCE
+    assert gap(cache.get("final", prompt=p), out.hidden_states[c.num_layers][0].numpy()) < TOLERANCE
     heads = o_proj_inputs(torch_model, torch.tensor([ids]))
     for layer in range(c.num_layers):
-      ours = cache.heads[0, layer, p, :n].reshape(n, -1)
+      ours = cache.get("z", layer, prompt=p).reshape(n, -1)
       assert gap(ours, heads[layer][0].numpy()) < TOLERANCE
-    assert gap(cache.logits[0, p, :n], out.logits[0].numpy()) < TOLERANCE
-  assert np.all(cache.heads[1, 1, :, :, 2] == 0)  # the ablated head outputs nothing
+    assert gap(cache.get("logits", prompt=p), out.logits[0].numpy()) < TOLERANCE
+  assert np.all(np.nan_to_num(cache["z", 1][1, :, :, 2]) == 0)  # the ablated head outputs nothing
   assert np.allclose(cache.pattern("L1H2").sum(-1), 1.0, atol=1e-5)
   assert cache.labels == ["none", "L1H2"]
+  short = int(np.argmin(cache.lengths))  # past a shorter prompt's end: NaN, never a padding token's values
+  assert np.isnan(cache["z"][0, 0, short, cache.lengths[short]:]).all()
+  assert "mlp_post" not in cache and "Cache(" in repr(cache) and len(repr(cache)) < 400
 
 
 def test_patching_every_head_in_one_call_matches_a_hook_loop(model, torch_model):
