@@ -169,6 +169,7 @@ def run(main: Callable[[list[str]], None], saved: Callable[[], str] | None = Non
   def wrapped(argv):
     distributed = "distributed" in FLAGS and FLAGS.distributed
     try:
+      files.check_faults()  # a mistyped JAXLOC_FAULT is refused before the work, not ignored
       if distributed:
         _join_distributed()
       main(argv)

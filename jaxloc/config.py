@@ -147,10 +147,13 @@ def _valid_range(meta: Mapping[str, Any]) -> str:
 def problem(field: dataclasses.Field, value: Any) -> str | None:
   """What is wrong with `value` for `field` (the words after "--flag=value"), or None: the one rule for every
   setting. A number: finite unless `infinite`, within `lower`/`upper`; a number-or-word text: one of its `words` or
-  such a number; a list of numbers: each; a value with `choices`: one of them; a `required` one: given."""
+  such a number; a list of numbers: each; a list: no empty entry (`--general_tasks=counting,,`); a value with
+  `choices`: one of them; a `required` one: given."""
   meta = field.metadata
   if value is None:
     return "is required" if meta.get("required") else None
+  if isinstance(value, (list, tuple)) and any(isinstance(v, str) and not v.strip() for v in value):
+    return "has an empty entry: give the entries separated by single commas, none of them empty"
   if isinstance(value, (list, tuple)) and holds_numbers(field):
     element = dataclasses.field(metadata={k: v for k, v in meta.items() if k != "element"})
     bad = [(v, wrong) for v in value if (wrong := problem(element, v))]

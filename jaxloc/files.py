@@ -19,7 +19,12 @@ file written before is intact: each is replaced whole), a file read back truncat
 Fault injection, for the tests that kill a run at a chosen point: with JAXLOC_FAULT=<point>@<n>[=<action>] (several
 comma-separated), the n-th call of `fault_point(<point>)` in a process SIGKILLs it (action `kill`, the default) or
 fails as a full disk would (`enospc`). The points are `write:<file name>` (in `atomic_write`, once the temporary file
-is written and before it replaces the file) and the ones the runner names.
+is written and before it replaces the file) and the ones the runner names (`RUN_FAULT_POINTS`); any other value is a
+UserError (`check_faults`), so a mistyped one never lets a test pass untested.
+
+Nothing is written through a symbolic link: the lock file is opened with O_NOFOLLOW (a link there is a UserError), and
+`atomic_write`'s temporary files are created with O_EXCL|O_NOFOLLOW (`tempfile.mkstemp`) and renamed over the file,
+which replaces a link rather than its target.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ RUN_MARKERS = (LOCK_FILE, "run.json", "measurements.npz")
 # How far below a run directory its own files go (general/<task>/).
 RUN_DEPTH = 2
 _TEMPORARY_TAG = ".jaxloc-"  # <name>.jaxloc-<holder's token>.<tempfile.mkstemp's 8 characters>.tmp
+# The fault points the runner passes (`jaxloc.localize.localization`), beside atomic_write's `write:<file name>`.
+RUN_FAULT_POINTS = ("between_tasks", "validation")
+_FAULT_ACTIONS = ("kill", "enospc")
 _fault_calls: collections.Counter = collections.Counter()
 _held: dict[str, int] = {}  # run directories this process holds -> how many holds are open
 _tokens: dict[str, str] = {}  # run directories this process holds the lock of -> the token of its temporary files
@@ -66,25 +74,37 @@ class CorruptFile(UserError):
     super().__init__(f"{path} is truncated or corrupt ({detail}); delete it to recompute it")
 
 
-def fault_point(name: str) -> None:
-  """Where a test may kill this process or fail a write (JAXLOC_FAULT, see the module docstring)."""
+def check_faults() -> list[tuple[str, int, str]]:
+  """(point, n, action) for each fault JAXLOC_FAULT sets (none when unset); a UserError naming an item that is not
+  <point>@<n>[=<action>] with a known point, a count ≥ 1 and a known action."""
   spec = os.environ.get(FAULT_ENV)
   if not spec:
-    return
-  faults = [item.partition("@")[2] for item in spec.split(",") if item.partition("@")[0] == name]
+    return []
+  faults = []
+  for item in spec.split(","):
+    point, _, rest = item.partition("@")
+    count, _, action = rest.partition("=")
+    known = point in RUN_FAULT_POINTS or (point.startswith("write:") and len(point) > len("write:"))
+    if not known or not count.isdigit() or int(count) < 1 or action not in ("", *_FAULT_ACTIONS):
+      raise UserError(f"{FAULT_ENV}={spec}: {item!r} is not <point>@<n>[=<action>]: the points are "
+                      f"write:<file name>, {', '.join(RUN_FAULT_POINTS)}; n counts from 1; the actions are "
+                      f"{', '.join(_FAULT_ACTIONS)}")
+    faults.append((point, int(count), action or "kill"))
+  return faults
+
+
+def fault_point(name: str) -> None:
+  """Where a test may kill this process or fail a write (JAXLOC_FAULT, see the module docstring)."""
+  faults = [(count, action) for point, count, action in check_faults() if point == name]
   if not faults:
     return
   _fault_calls[name] += 1
-  for fault in faults:
-    count, _, action = fault.partition("=")
-    if int(count) != _fault_calls[name]:
+  for count, action in faults:
+    if count != _fault_calls[name]:
       continue
-    if action in ("", "kill"):
+    if action == "kill":
       os.kill(os.getpid(), signal.SIGKILL)
-    elif action == "enospc":
-      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    else:
-      raise ValueError(f"{FAULT_ENV}: unknown action {action!r} (kill, enospc)")
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def write_failed(path: str, error: OSError) -> UserError | None:
@@ -389,8 +409,12 @@ def _lock(path: str, flag: str) -> tuple[int, str]:
   lock_path = os.path.join(path, LOCK_FILE)
   while True:
     try:
-      fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+      # O_NOFOLLOW: a link here (dangling or not) would have the pid and token written into its target.
+      fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
+      if os.path.islink(lock_path):
+        raise UserError(f"{lock_path} is a symbolic link: jaxloc does not write through links in a run directory; "
+                        "remove it") from None
       raise UserError(f"{flag}={path} is not writable ({e.strerror}): give a writable directory") from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

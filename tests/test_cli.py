@@ -3,6 +3,7 @@ was given and the one the run uses (absl takes the last, which these tests check
 (a flagfile's value repeated on the command line) says nothing; Ctrl-C's line names the command as it was run.
 Importing `cli` (and a command that loads no model) does not start JAX."""
 
+import os
 import subprocess
 import sys
 
@@ -71,3 +72,13 @@ def test_importing_cli_and_a_command_that_loads_no_model_does_not_import_jax():
   code = "import jaxloc.main.benchmark_sandbox, jaxloc.cli, sys; assert 'jax' not in sys.modules, 'jax imported'"
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr
+
+
+def test_an_unknown_fault_point_ends_the_command_in_one_line_before_it_runs():
+  code = "from jaxloc import cli; cli.run(lambda argv: print('ran'))"
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, JAXLOC_FAULT="garbage"), stdin=subprocess.DEVNULL)
+  assert result.returncode == cli.EXIT_USER_ERROR and "ran" not in result.stdout and "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      "error: JAXLOC_FAULT=garbage: 'garbage' is not <point>@<n>[=<action>]: the points are write:<file name>, "
+      "between_tasks, validation; n counts from 1; the actions are kill, enospc")

@@ -103,3 +103,15 @@ def test_the_rule_keeps_good_values_and_names_what_is_valid():
   assert config.problem(alpha, "x") == "must be 'cv' or a finite number ≥ 0"
   assert config.problem(config.setting([0.1], "", element=float, lower=0.0), [0.1, math.nan]).startswith(
       "has a bad element, nan: it is not a finite number")
+
+
+def test_a_list_flag_with_an_empty_entry_is_refused_naming_the_flag():
+  values = flags.FlagValues()
+  flags.DEFINE_list("general_tasks", [], "", flag_values=values)
+  values(["localize", "--general_tasks=counting,,"])
+  assert values.general_tasks == ["counting", "", ""]  # what absl makes of it: two empty task names
+  settings = LocalizeSettings.make(task="plurals", output_dir="x", general_tasks=values.general_tasks)
+  with pytest.raises(UserError, match=r"^--general_tasks=counting,, has an empty entry: give the entries separated "
+                                      "by single commas, none of them empty$"):
+    settings.check()
+  LocalizeSettings.make(task="plurals", output_dir="x", general_tasks=["counting"]).check()

@@ -24,6 +24,7 @@ from jaxloc.errors import UserError
 from jaxloc.masks import MaskSet
 from jaxloc.models import sites as sites_lib
 from jaxloc.models.decoder import Ablation, ModelOutput, OutputSpec, Resume, lm_logits
+from jaxloc.models.layers import Context
 from jaxloc.models.sites import Edit
 from jaxloc.models.loading import LoadedModel
 
@@ -33,6 +34,8 @@ Prompts = str | Sequence[str] | Sequence[Sequence[int]]
 CALL_BUDGET = 2 << 30
 # Prompt lengths round up to a multiple of this, so that prompts of similar lengths share one compiled shape.
 TOKEN_BUCKET = 8
+# Rows of a call resumed at a layer round up to a multiple of this (`Forward.run`).
+ROW_BUCKET = 16
 
 
 @dataclasses.dataclass
@@ -98,6 +101,7 @@ class Readout:
   columns: logits of these vocabulary columns only (None: all).
   sites: the named activations to return too (`sites.SITES` but `logits`, which the readout gives), a sorted tuple.
   residuals: the residual stream entering every layer (to resume later calls there, `Forward.run`'s `resume`).
+  kv: every layer's keys and values (the earlier tokens' context of a resumed call).
   """
 
   last: bool = False
@@ -105,6 +109,7 @@ class Readout:
   columns: bool = False
   sites: tuple[str, ...] = ()
   residuals: bool = False
+  kv: bool = False
 
 
 # Per-layer sites whose heads the decoder holds split (K, G): [.., K, G, x] -> [.., H, x].
@@ -113,16 +118,23 @@ _SPLIT_PATTERN = ("scores", "pattern")  # [.., K, G, S, S] -> [.., H, S, S]
 
 
 def _run(module: Any, config: Any, params: Any, ids: jax.Array, last: jax.Array, ablation: Ablation,
-         columns: jax.Array | None, start: Resume | None, *, readout: Readout, dtype: Any) -> dict[str, jax.Array]:
+         columns: jax.Array | None, start: Resume | None, context: Context | None, *, readout: Readout,
+         dtype: Any) -> dict[str, jax.Array]:
   """One compiled call: ids int [P, S], last int [P], ablation fields with a leading Mc (masks) axis; `start`
-  resumes at a layer from a residual stream (`decoder.Resume`)."""
+  resumes at a layer from a residual stream (`decoder.Resume`); `context` holds the keys and values [L, 1, C, ...] of
+  C earlier tokens (the tokens of `ids` are then at positions C...), shared by every row."""
   masks = ablation.num_masks
   tokens = jnp.broadcast_to(ids[None], (masks,) + ids.shape)
-  positions = jnp.arange(ids.shape[1])[None, None]
+  earlier = 0 if context is None else context.k.shape[2]
+  positions = earlier + jnp.arange(ids.shape[1])[None, None]
+  if context is not None:
+    context = Context(jnp.broadcast_to(context.k, context.k.shape[:1] + (masks,) + context.k.shape[2:]),
+                      jnp.broadcast_to(context.v, context.v.shape[:1] + (masks,) + context.v.shape[2:]),
+                      jnp.broadcast_to(context.valid, (masks,) + context.valid.shape[1:]), context.positions)
   layer_sites = tuple(s for s in readout.sites if s != "final")
-  spec = OutputSpec(residuals=readout.residuals, sites=layer_sites)
+  spec = OutputSpec(kv=readout.kv, residuals=readout.residuals, sites=layer_sites)
   out: ModelOutput = module.apply({"params": params}, tokens, positions, ablation=ablation, outputs=spec, dtype=dtype,
-                                  start=start)
+                                  start=start, context=context)
   hidden = out.hidden
   result: dict[str, jax.Array] = {}
   if "final" in readout.sites:
@@ -140,6 +152,9 @@ def _run(module: Any, config: Any, params: Any, ids: jax.Array, last: jax.Array,
   if readout.residuals:
     assert out.residual is not None  # OutputSpec(residuals=True) asked for it
     result["residual"] = jnp.swapaxes(out.residual, 0, 1)  # [Mc, L, P, S, D]
+  if readout.kv:
+    assert out.k is not None and out.v is not None  # OutputSpec(kv=True) asked for them
+    result["k"], result["v"] = jnp.swapaxes(out.k, 0, 1), jnp.swapaxes(out.v, 0, 1)  # [Mc, L, P, S, K, Dh]
   c = config
   for name, value in (out.sites or {}).items():
     if name == "embed":
@@ -190,28 +205,53 @@ def _rows(array: np.ndarray | None, rows: np.ndarray, pad: int, value: float) ->
   return taken
 
 
-def first_touched_layer(masks: MaskSet, edits: Sequence[Edit], num_layers: int) -> np.ndarray:
-  """int [M]: each row's lowest layer that a mask ablates or an edit touches (num_layers where none does): the layers
-  below it compute what the unablated model computes."""
-  touched = np.zeros((len(masks), num_layers), bool)
+def first_touched(masks: MaskSet, edits: Sequence[Edit], num_layers: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
+  """int [M] twice: each row's lowest layer that a mask ablates or an edit changes (num_layers where none does), and
+  its first token an edit changes at any layer (0 where a mask ablates anything; seq where nothing changes). The
+  layers below the one, and the tokens before the other, compute what the unablated model computes."""
+  layers = np.zeros((len(masks), num_layers), bool)
+  tokens = np.full(len(masks), seq)
   for m in (masks.heads, masks.neurons):
     if m is not None:
-      touched |= (np.asarray(m) != 1).any(axis=2)
+      ablates = (np.asarray(m) != 1).any(axis=2)
+      layers |= ablates
+      tokens[ablates.any(axis=1)] = 0
   for edit in edits:
-    # [rows, layers] (or [rows] for an edit of one layer): where the edit changes something
+    # where the edit changes anything: [rows, layers] (or [rows] for an edit of one layer), and at which tokens
     axes = 1 if edit.layer is not None else 2
     changes = np.zeros((edit.num_rows,) + (() if axes == 1 else (num_layers,)), bool)
     if edit.keep is not None:
       changes |= (np.asarray(edit.keep) != 1).reshape(edit.keep.shape[:axes] + (-1,)).any(axis=-1)
     if edit.add is not None:
       changes |= (np.asarray(edit.add) != 0).reshape(edit.add.shape[:axes] + (-1,)).any(axis=-1)
-    if edit.where is not None:
-      changes &= np.asarray(edit.where).reshape(edit.where.shape[:axes] + (-1,)).any(axis=-1)
+    where = np.ones(changes.shape + (seq,), bool) if edit.where is None else \
+        np.asarray(edit.where).reshape(edit.where.shape[:axes] + (-1, seq)).any(axis=-2)  # over prompts
+    if edit.add is not None and edit.add.shape[axes + 1] > 1:  # an add of its own per token: where it is nonzero
+      where = where & (np.asarray(edit.add) != 0).reshape(edit.add.shape[:axes + 2] + (-1,)).any(axis=-1).any(axis=axes)
+    where = where & changes[..., None]
     if edit.layer is not None:
-      touched[:, edit.layer] |= changes
+      layers[:, edit.layer] |= where.any(axis=-1)
     else:
-      touched |= changes
-  return np.where(touched.any(axis=1), touched.argmax(axis=1), num_layers)
+      layers |= where.any(axis=-1)
+    touched = where.reshape(where.shape[0], -1, seq).any(axis=1)  # [rows, S]
+    first = np.where(touched.any(axis=1), touched.argmax(axis=1), seq)
+    tokens = np.minimum(tokens, first)
+  return np.where(layers.any(axis=1), layers.argmax(axis=1), num_layers), tokens
+
+
+def later(array: Any, begin: int, layer: int | None, fill: bool = False) -> Any:
+  """An edit's array (`sites.Edit`) from token `begin` on: `where` [..., S], a per-token `fill` [(L,) P, S, U, Dv] or a
+  per-token `add` [rows, (L,) P, S, U, Dv] cut along its tokens axis; per-unit ones (and None) as they are."""
+  if array is None or begin == 0:
+    return array
+  array = np.asarray(array)
+  if fill:
+    axis = 2 if layer is None else 1
+    return array[(slice(None),) * axis + (slice(begin, None),)] if array.ndim == axis + 3 else array
+  if array.dtype == bool:  # where
+    return array[..., begin:]
+  axis = 3 if layer is None else 2
+  return array if array.shape[axis] == 1 else array[(slice(None),) * axis + (slice(begin, None),)]
 
 
 class Forward:
@@ -228,53 +268,60 @@ class Forward:
 
     masks: the rows' head/neuron keep-masks. head_fill: float [L, H, Dh] or [L, P, S, H, Dh] (None: zero ablation);
     neuron_fill: [L, F] or [L, P, S, F]. edits: site edits with the same rows (`sites.Edit`, numpy arrays).
-    resume: rows that touch nothing below a layer start there from the unablated run's residual stream, computed
-    once (rows are grouped by their first touched layer, `first_touched_layer`); outputs are those of a full pass up
-    to float rounding. Needs a readout of no sites."""
+    resume: what a row cannot change is computed once, by an unablated run: the layers below the first it touches
+    (rows start there from the residual stream entering it) and, for one prompt, the tokens before the first it
+    touches (bucketed down to TOKEN_BUCKET; rows then compute the later tokens only, attending to the earlier ones'
+    keys and values). Rows are grouped by both (`first_touched`); outputs are those of a full pass up to float
+    rounding. Needs a readout of no sites."""
     model = self.model
     if masks.heads is None and masks.neurons is None and not edits:
       raise UserError("a mask set with neither head nor neuron masks")
     num_rows = len(masks)
-    per_call = call_size(model, batch, readout, num_rows)
-    ids, last = jnp.asarray(batch.ids), jnp.asarray(batch.last)
-    cols = None if columns is None else jnp.asarray(np.asarray(columns, np.int32))
+    most = call_size(model, batch, readout, num_rows)
     dtype = model.dtype
     fills = tuple(None if f is None else jnp.asarray(f, dtype) for f in (head_fill, neuron_fill))
-    groups: list[tuple[int, np.ndarray]] = [(0, np.arange(num_rows))]
-    residuals = None
+    groups: list[tuple[int, int, np.ndarray]] = [(0, 0, np.arange(num_rows))]
+    base: dict[str, jax.Array] = {}
     if resume:
       if readout.sites or readout.residuals:
         raise ValueError("a resumed call returns no sites: they need every layer")
-      first = first_touched_layer(masks, edits, model.config.num_layers)
-      groups = [(int(layer), np.flatnonzero(first == layer)) for layer in np.unique(first)]
-      if any(layer > 0 for layer, _ in groups):
-        base = self._fn(model.params, ids, last, Ablation(head_mask=jnp.ones((1,) + masks_shape(model), dtype)),
-                        None, None, readout=Readout(last=True, residuals=True), dtype=dtype)
-        residuals = base["residual"][0]  # [L, P, S, D]
+      layers, tokens = first_touched(masks, edits, model.config.num_layers, batch.ids.shape[1])
+      if len(batch.lengths) > 1:
+        tokens[:] = 0  # each prompt's earlier tokens differ: no keys and values shared by a call's rows
+      tokens = np.minimum(tokens, int(batch.last.min())) // TOKEN_BUCKET * TOKEN_BUCKET  # the last token stays in
+      keys = sorted({(int(a), int(b)) for a, b in zip(layers, tokens)})
+      groups = [(a, b, np.flatnonzero((layers == a) & (tokens == b))) for a, b in keys]
+      if any(layer > 0 or begin > 0 for layer, begin, _ in groups):
+        out = self._fn(model.params, jnp.asarray(batch.ids), jnp.asarray(batch.last),
+                       Ablation(head_mask=jnp.ones((1,) + masks_shape(model), dtype)), None, None, None,
+                       readout=Readout(last=True, residuals=True, kv=True), dtype=dtype)
+        base = {name: out[name][0] for name in ("residual", "k", "v")}  # [L, P, S, ...]
     parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-    for layer, members in groups:
-      start = None
-      if layer > 0:
-        # A row touching nothing at all (layer L) runs the last layer alone: its outputs are the unablated run's.
-        begin = min(layer, model.config.num_layers - 1)
-        start = Resume(jnp.asarray(begin, jnp.int32), residuals[begin][None])
+    for layer, begin, members in groups:
+      # A group's calls take the budget's size, or the group's own rounded up to a multiple of ROW_BUCKET: a sweep's
+      # equal groups share one compiled shape, and a small group is not padded to a large call.
+      per_call = min(most, -(-len(members) // ROW_BUCKET) * ROW_BUCKET)
+      start, context = self._resume(base, layer, begin)
+      ids, last = jnp.asarray(batch.ids[:, begin:]), jnp.asarray(batch.last - begin)
+      cols = None if columns is None else jnp.asarray(np.asarray(columns, np.int32))
       for offset in range(0, len(members), per_call):
         rows = members[offset:offset + per_call]
         pad = per_call - len(rows)
 
-        def put(m: np.ndarray | None, value: float = 1.0) -> jax.Array | None:
+        def put(m: Any, value: float = 1.0) -> jax.Array | None:
           chosen = _rows(m, rows, pad, value)
           return None if chosen is None else jnp.asarray(chosen)
 
         heads, neurons = put(masks.heads), put(masks.neurons)
-        chunk_edits = tuple(Edit(e.site, put(e.keep), put(e.where, False), None if e.fill is None else
-                                 jnp.asarray(e.fill, dtype), put(e.add, 0.0), e.layer) for e in edits)
+        chunk_edits = tuple(Edit(e.site, put(e.keep), put(later(e.where, begin, e.layer), False),
+                                 None if e.fill is None else jnp.asarray(later(e.fill, begin, e.layer, fill=True), dtype),
+                                 put(later(e.add, begin, e.layer), 0.0), e.layer) for e in edits)
         if heads is None and neurons is None and not any(e.num_rows > 1 for e in chunk_edits):
           heads = jnp.ones((len(rows) + pad,) + masks_shape(model), dtype)  # the rows axis, for edits that broadcast
         ablation = Ablation(None if heads is None else heads.astype(dtype), fills[0] if heads is not None else None,
                             None if neurons is None else neurons.astype(dtype),
                             fills[1] if neurons is not None else None, edits=chunk_edits)
-        out = self._fn(model.params, ids, last, ablation, cols, start, readout=readout, dtype=dtype)
+        out = self._fn(model.params, ids, last, ablation, cols, start, context, readout=readout, dtype=dtype)
         for name, value in out.items():
           parts.setdefault(name, []).append((rows, np.asarray(value)[:len(rows)]))
     result = {}
@@ -285,6 +332,21 @@ class Forward:
         full[rows] = value
       result[name] = full
     return result
+
+  def _resume(self, base: dict[str, jax.Array], layer: int, begin: int) -> tuple[Resume | None, Context | None]:
+    """Where a group of rows starts: at `layer` from the unablated residual stream, and at token `begin` with the
+    earlier tokens' unablated keys and values as a context (`base`: the unablated run's residual stream, keys and
+    values, [L, P, S, ...])."""
+    if layer == 0 and begin == 0:
+      return None, None
+    # A row touching nothing at all (layer L) runs the last layer alone: its outputs are the unablated run's.
+    first = min(layer, self.model.config.num_layers - 1)
+    start = Resume(jnp.asarray(first, jnp.int32), base["residual"][first][None, :, begin:])
+    if begin == 0:
+      return start, None
+    k = base["k"][:, 0, :begin][:, None]  # [L, 1, C, K, Dh]: one prompt, shared by the call's rows
+    v = jnp.moveaxis(base["v"][:, 0, :begin], 1, -1)[:, None]  # [L, 1, K, Dh, C]
+    return start, Context(k, v, jnp.ones((1, 1, begin), bool), jnp.arange(begin)[None, None])
 
 
 def masks_shape(model: LoadedModel) -> tuple[int, int]:

@@ -31,6 +31,7 @@ from jaxloc.models.config import ModelConfig
 from jaxloc.models.sites import Edit
 
 OPS = ("zero", "mean", "patch", "add", "scale")
+Layers = int | Sequence[int] | None  # one layer, several, or every layer
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -55,6 +56,10 @@ class Intervention:
 Row = Intervention | Sequence[Intervention]
 
 
+def _layers(layer: Layers) -> int | tuple[int, ...] | None:
+  return layer if layer is None or isinstance(layer, (int, np.integer)) else tuple(layer)
+
+
 def _positions(positions: int | Sequence[int] | None) -> tuple[int, ...] | None:
   if positions is None:
     return None
@@ -68,37 +73,37 @@ def _positions(positions: int | Sequence[int] | None) -> tuple[int, ...] | None:
   return tuple(int(p) for p in items)
 
 
-def zero(site: str, layer: int | None, unit: int | None = None, positions: int | Sequence[int] | None = None
+def zero(site: str, layer: Layers, unit: int | None = None, positions: int | Sequence[int] | None = None
          ) -> Intervention:
   """Zero `site` at `layer` (None: every layer), `unit` (None: every unit) and `positions` (None: every token)."""
-  return Intervention(site, layer, unit, _positions(positions), "zero")
+  return Intervention(site, _layers(layer), unit, _positions(positions), "zero")
 
 
-def mean(site: str, layer: int | None, reference: Any, unit: int | None = None,
+def mean(site: str, layer: Layers, reference: Any, unit: int | None = None,
          positions: int | Sequence[int] | None = None) -> Intervention:
   """Replace `site` by its mean over the real tokens of every prompt of `reference` (a `Cache` holding the site,
   its first row)."""
-  return Intervention(site, layer, unit, _positions(positions), "mean", reference)
+  return Intervention(site, _layers(layer), unit, _positions(positions), "mean", reference)
 
 
-def patch(site: str, layer: int | None, source: Any, unit: int | None = None,
+def patch(site: str, layer: Layers, source: Any, unit: int | None = None,
           positions: int | Sequence[int] | None = None) -> Intervention:
   """Set `site` to its value in `source` (a `Cache` of another run over prompts of the same lengths, its first row),
   position by position: activation patching."""
-  return Intervention(site, layer, unit, _positions(positions), "patch", source)
+  return Intervention(site, _layers(layer), unit, _positions(positions), "patch", source)
 
 
-def add(site: str, layer: int | None, vector: Any, unit: int | None = None,
+def add(site: str, layer: Layers, vector: Any, unit: int | None = None,
         positions: int | Sequence[int] | None = None) -> Intervention:
   """Add `vector` ([Dh] for a head's `q`/`z`, [Dh] for a KV head's `k`/`v`, [D] for a residual-type site, a number
   for a neuron) to `site` (steering)."""
-  return Intervention(site, layer, unit, _positions(positions), "add", vector)
+  return Intervention(site, _layers(layer), unit, _positions(positions), "add", vector)
 
 
-def scale(site: str, layer: int | None, factor: float, unit: int | None = None,
+def scale(site: str, layer: Layers, factor: float, unit: int | None = None,
           positions: int | Sequence[int] | None = None) -> Intervention:
   """Multiply `site` by `factor`."""
-  return Intervention(site, layer, unit, _positions(positions), "scale", factor)
+  return Intervention(site, _layers(layer), unit, _positions(positions), "scale", factor)
 
 
 def site_shape(config: ModelConfig, site: str) -> tuple[int, int]:
@@ -171,13 +176,13 @@ def compile_rows(rows: Sequence[Row], config: ModelConfig, lengths: np.ndarray, 
   and source shares an edit with the k-th of other rows), so that its units and positions never mix with another's."""
   if isinstance(rows, Intervention):
     rows = [rows]
-  rows = [[r] if isinstance(r, Intervention) else list(r) for r in rows]
-  if not rows:
+  batch: list[list[Intervention]] = [[r] if isinstance(r, Intervention) else list(r) for r in rows]
+  if not batch:
     raise UserError("no intervention rows given")
-  num_rows, num_layers, prompts = len(rows), config.num_layers, len(lengths)
+  num_rows, num_layers, prompts = len(batch), config.num_layers, len(lengths)
   slots: dict[tuple, dict[str, Any]] = {}
   labels = []
-  for r, row in enumerate(rows):
+  for r, row in enumerate(batch):
     if not row:
       raise UserError(f"intervention row {r} is empty; give at least one intervention (or use masks=none)")
     seen: dict[tuple, int] = {}

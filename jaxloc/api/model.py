@@ -270,10 +270,13 @@ class Model:
     elif isinstance(units, MaskSet):
       sets = units
     else:
-      names = [n.strip() for n in units.split(",") if n.strip()] if isinstance(units, str) else list(units)
+      names: list[Any] = [n.strip() for n in units.split(",") if n.strip()] if isinstance(units, str) else \
+          [units] if isinstance(units, tuple) and len(units) == 2 and all(isinstance(x, int) for x in units) \
+          else list(units)
       sets = masks_lib.MaskSet(None, None, [])
-      for name in names:
-        sets = sets + (masks_lib.neurons(self, [name]) if "N" in name else masks_lib.heads(self, [name]))
+      for name in names:  # a (layer, index) pair is a head
+        neuron = isinstance(name, str) and "N" in name
+        sets = sets + (masks_lib.neurons(self, [name]) if neuron else masks_lib.heads(self, [name]))
     sets = masks_lib.checked(self, sets)
     if columns is not None:
       columns = checks.check_columns(columns, self.config.vocab_size)

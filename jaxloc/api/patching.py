@@ -40,7 +40,7 @@ class Patching:
   columns: list[int] | None = None
   grid: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
-  def recovered(self, metric: np.ndarray, clean: np.ndarray, corrupted: np.ndarray) -> np.ndarray:
+  def recovered(self, metric: Any, clean: Any, corrupted: Any) -> np.ndarray:
     """(metric - corrupted) / (clean - corrupted): 1 where patching restores the clean value, 0 where it changes
     nothing (any metric computed alike on `logits`, `clean` and `corrupted`)."""
     return (metric - corrupted) / np.where(clean == corrupted, np.nan, clean - corrupted)
@@ -73,8 +73,10 @@ def paired(model: Model, clean: Any, corrupted: Any) -> tuple[Any, Any]:
   return clean_batch, corrupted_batch
 
 
-def _unpatched(model: Model, clean: Any, corrupted: Any, columns: Sequence[int] | None) -> tuple[np.ndarray, ...]:
-  return tuple(model.logits(p, last=True, columns=columns)[0] for p in (clean, corrupted))
+def _unpatched(model: Model, clean: Any, corrupted: Any, columns: Sequence[int] | None
+               ) -> tuple[np.ndarray, np.ndarray]:
+  """The clean and the corrupted run's last-token logits [P, V] (or [P, T])."""
+  return model.logits(clean, last=True, columns=columns)[0], model.logits(corrupted, last=True, columns=columns)[0]
 
 
 def by_position(model: Model, clean: Any, corrupted: Any, site: str = "z", *, layers: Sequence[int] | None = None,
@@ -92,16 +94,16 @@ def by_position(model: Model, clean: Any, corrupted: Any, site: str = "z", *, la
   width = clean_batch.width
   positions = list(range(width)) if positions is None else [p + width if p < 0 else int(p) for p in positions]
   has_units = sites_lib.SITES[site].units is not None and each_unit
-  units = list(range(iv.site_shape(c, site)[0])) if has_units else [None]
+  units: list[int | None] = list(range(iv.site_shape(c, site)[0])) if has_units else [None]
   source = model.run_with_cache(clean, names=[site])
   rows = [iv.patch(site, layer, source, unit=u, positions=[p]) for layer in layers for p in positions for u in units]
   logits = model.logits(corrupted, interventions=rows, last=True, columns=columns)
   grid = {"layer": layers, "position": positions}
   if has_units:
-    grid[sites_lib.SITES[site].units.rstrip("s")] = units  # type: ignore[union-attr]
+    grid[str(sites_lib.SITES[site].units).rstrip("s")] = [int(u) for u in units if u is not None]
   labels = [r.label() for r in rows]
-  return Patching(logits, *_unpatched(model, clean, corrupted, columns), labels,
-                  None if columns is None else list(columns), grid)
+  clean_logits, corrupted_logits = _unpatched(model, clean, corrupted, columns)
+  return Patching(logits, clean_logits, corrupted_logits, labels, None if columns is None else list(columns), grid)
 
 
 def path(model: Model, clean: Any, corrupted: Any, senders: Any, receivers: Any = None, receiver_site: str = "q",
@@ -130,10 +132,11 @@ def path(model: Model, clean: Any, corrupted: Any, senders: Any, receivers: Any 
       row.append(iv.patch("z", list(range(layer + 1, c.num_layers)), caches["corrupted"]))
     rows.append(row)
   labels = [f"L{layer}H{head}" for layer, head in sender_units]
-  unpatched = _unpatched(model, clean, corrupted, columns)
+  clean_logits, corrupted_logits = _unpatched(model, clean, corrupted, columns)
   if receivers is None:
     logits = model.logits(corrupted, interventions=rows, last=True, columns=columns)
-    return Patching(logits, *unpatched, labels, None if columns is None else list(columns), {"sender": labels})
+    return Patching(logits, clean_logits, corrupted_logits, labels, None if columns is None else list(columns),
+                    {"sender": list(range(len(labels)))})
   if receiver_site not in ("q", "k", "v"):
     raise UserError(f"receiver_site is q, k or v (the receiver heads' input), not {receiver_site!r}")
   receiver_units = parse_units(receivers, c.num_layers, c.num_heads)
@@ -158,7 +161,8 @@ def path(model: Model, clean: Any, corrupted: Any, senders: Any, receivers: Any 
   unablated = model.masks()
   out = model._forward.run(batch, unablated[np.zeros(len(rows), int)], Readout(last=True, columns=columns is not None),
                            columns=columns, edits=tuple(edits), resume=True)
-  return Patching(out["logits"], *unpatched, labels, None if columns is None else list(columns), {"sender": labels})
+  return Patching(out["logits"], clean_logits, corrupted_logits, labels, None if columns is None else list(columns),
+                  {"sender": list(range(len(labels)))})
 
 
 def attribution(model: Model, clean: Any, corrupted: Any, metric: Callable[[Any], Any], site: str = "z"

@@ -26,7 +26,7 @@ from jaxloc.models.loading import LoadedModel
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def _lens(config: Any, params: Any, stream: jax.Array) -> jax.Array:
-  normed = norm(config, jnp.float32).apply({"params": params["final_norm"]}, stream)
+  normed: jax.Array = norm(config, jnp.float32).apply({"params": params["final_norm"]}, stream)  # type: ignore[assignment]
   return lm_logits(config, params, normed)
 
 

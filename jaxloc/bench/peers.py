@@ -221,25 +221,22 @@ def tl_attribution_patching(bridge: Any, clean_ids: Sequence[int], corrupted_ids
   import torch
 
   clean, corrupted = torch.tensor([list(clean_ids)]), torch.tensor([list(corrupted_ids)])
-  is_z = lambda name: name.endswith("attn.hook_z")
-  layers = range(bridge.cfg.n_layers)
+  names = [f"blocks.{layer}.attn.hook_z" for layer in range(bridge.cfg.n_layers)]
 
   def run() -> np.ndarray:
     with torch.no_grad():
-      _, clean_cache = bridge.run_with_cache(clean, names_filter=is_z)
+      _, clean_cache = bridge.run_with_cache(clean, names_filter=names)
     z_corrupted: dict[str, Any] = {}
     grads: dict[str, Any] = {}
 
-    def keep_z(z: Any, hook: Any) -> None:
-      z_corrupted[hook.name] = z.detach()
+    # Keyed by the name the hook was added under: `hook.name` is the bridge's own (`attn.o.hook_in`), hook_z an alias.
+    def keep(store: dict[str, Any], name: str) -> Callable[[Any, Any], None]:
+      return lambda value, hook: store.__setitem__(name, value.detach())
 
-    def keep_grad(grad: Any, hook: Any) -> None:
-      grads[hook.name] = grad.detach()
-
-    with torch.enable_grad(), bridge.hooks(fwd_hooks=[(is_z, keep_z)], bwd_hooks=[(is_z, keep_grad)]):
+    with torch.enable_grad(), bridge.hooks(fwd_hooks=[(n, keep(z_corrupted, n)) for n in names],
+                                           bwd_hooks=[(n, keep(grads, n)) for n in names]):
       metric(bridge(corrupted)).backward()
     bridge.zero_grad(set_to_none=True)
-    names = [f"blocks.{layer}.attn.hook_z" for layer in layers]
     return torch.stack([((clean_cache[n] - z_corrupted[n]) * grads[n]).sum(-1)[0] for n in names]).numpy()
 
   run()  # warm

@@ -104,7 +104,7 @@ def _tokenizer(config: AcceleratorCheckConfig):
 
     if not os.path.isdir(config.tokenizer):
       raise UserError(f"--tokenizer={config.tokenizer} is not a folder; write one with --pack=DIR here")
-    return AutoTokenizer.from_pretrained(config.tokenizer)
+    return AutoTokenizer.from_pretrained(config.tokenizer, trust_remote_code=False)
   return load_tokenizer(*resolve(SMOLLM2_ALIAS))
 
 

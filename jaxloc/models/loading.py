@@ -16,12 +16,15 @@ import json
 import logging
 import os
 import re
+import shutil
+import tempfile
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from jaxloc import files
 from jaxloc.errors import UserError
 from jaxloc.models import checkpoints, packaged, presets
 from jaxloc.models.config import ModelConfig, config_from_hf
@@ -149,13 +152,41 @@ def _has_tokenizer_files(directory: str) -> bool:
 
 def load_tokenizer(kind: str, path: str):
   """The `transformers` tokenizer for a resolved model, or None when the checkpoint ships none."""
+  if kind == "gguf":
+    return _auto_tokenizer(os.path.dirname(path), gguf_file=os.path.basename(path))
+  if _has_tokenizer_files(path):
+    return _auto_tokenizer(path)
+  return None
+
+
+def _auto_tokenizer(directory: str, **kwargs):
+  """`AutoTokenizer.from_pretrained(directory)` with a checkpoint's own code never run (nor asked about): where its
+  tokenizer_config.json or config.json names some (`auto_map`), a warning says the built-in class is used instead,
+  and a UserError says so when none fits."""
   from transformers import AutoTokenizer
 
-  if kind == "gguf":
-    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-  if _has_tokenizer_files(path):
-    return AutoTokenizer.from_pretrained(path)
-  return None
+  custom = [name for name in ("tokenizer_config.json", "config.json") if _names_custom_code(directory, name)]
+  try:
+    tokenizer = AutoTokenizer.from_pretrained(directory, trust_remote_code=False, **kwargs)
+  except ValueError as e:
+    if not custom or "trust_remote_code" not in str(e):
+      raise
+    raise UserError(f"{directory} needs its own code for its tokenizer (auto_map in {' and '.join(custom)}), and "
+                    "jaxloc never runs a checkpoint's code: no built-in transformers tokenizer fits it; give a "
+                    "checkpoint whose tokenizer_config.json names a transformers tokenizer_class") from None
+  if custom:
+    log.warning("%s names custom code (auto_map in %s): jaxloc never runs a checkpoint's code; it uses transformers' "
+                "built-in %s", directory, " and ".join(custom), type(tokenizer).__name__)
+  return tokenizer
+
+
+def _names_custom_code(directory: str, name: str) -> bool:
+  """Whether the JSON file `name` in `directory` has an `auto_map` (a class of the checkpoint's own code)."""
+  try:
+    with open(os.path.join(directory, name), encoding="utf-8") as f:
+      return isinstance(payload := json.load(f), dict) and "auto_map" in payload
+  except (OSError, ValueError):
+    return False
 
 
 @contextlib.contextmanager
@@ -172,6 +203,19 @@ def _quiet_orbax():
 
 def default_cache_dir() -> str:
   return os.environ.get("JAXLOC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jaxloc")
+
+
+def _check_cache_dir(cache_dir: str, shown: str) -> None:
+  """A UserError starting with `shown` (the flag and its value) when the cache directory is a file or lies below one
+  (it is created when missing)."""
+  given = os.path.abspath(os.path.expanduser(cache_dir))
+  existing = given
+  while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    where = "is a file" if existing == given else f"is below the file {existing}"
+    raise UserError(f"{shown} {where}, not a directory: give a directory (it is created when missing), or "
+                    "--cache_dir=none to cache nothing")
 
 
 class ConversionCache:
@@ -199,8 +243,12 @@ class ConversionCache:
   def config(self) -> ModelConfig | None:
     if not os.path.exists(self.config_path):
       return None
-    with open(self.config_path) as f:
-      return ModelConfig.from_dict(json.load(f))
+    try:
+      with open(self.config_path) as f:
+        return ModelConfig.from_dict(json.load(f))
+    except (OSError, ValueError, TypeError, KeyError) as e:  # a damaged entry is rebuilt
+      log.warning("ignoring unreadable config cache %s (%s)", self.config_path, e)
+      return None
 
   def restore_params(self, config: ModelConfig, dtype, sharding_for: checkpoints.ShardingFn | None):
     if not os.path.isdir(self.params_path):
@@ -229,23 +277,41 @@ class ConversionCache:
     import orbax.checkpoint as ocp
 
     os.makedirs(self.root, exist_ok=True)
-    with open(self.config_path, "w") as f:
-      json.dump(config.to_dict(), f)
+    # Atomically: a link at the config's path is replaced, never written through.
+    files.atomic_write(self.config_path, lambda f: f.write(json.dumps(config.to_dict()).encode()))
+    if os.path.islink(self.params_path):  # orbax would replace what the link points to
+      raise OSError(f"{self.params_path} is a symbolic link: jaxloc does not write through links in its cache")
     with _quiet_orbax(), ocp.StandardCheckpointer() as checkpointer:
       checkpointer.save(self.params_path, params, force=True)
 
   def tokenizer(self, kind: str, path: str):
-    from transformers import AutoTokenizer
-
     if os.path.isdir(self.tokenizer_path):
       try:
-        return AutoTokenizer.from_pretrained(self.tokenizer_path)
+        return _auto_tokenizer(self.tokenizer_path)
       except Exception as e:  # noqa: BLE001
         log.warning("ignoring unreadable tokenizer cache %s (%s)", self.tokenizer_path, e)
     tokenizer = load_tokenizer(kind, path)
     if tokenizer is not None:
-      tokenizer.save_pretrained(self.tokenizer_path)
+      self._save_tokenizer(tokenizer)
     return tokenizer
+
+  def _save_tokenizer(self, tokenizer) -> None:
+    """save_pretrained into a new directory, then renamed into place: a link at the cache's path is never written
+    through (a rename onto it fails), and a cache that cannot be written only costs the next load time."""
+    parent = os.path.dirname(self.tokenizer_path)
+    fresh = None
+    try:
+      os.makedirs(parent, exist_ok=True)
+      fresh = tempfile.mkdtemp(dir=parent, prefix=os.path.basename(self.tokenizer_path) + ".", suffix=".tmp")
+      tokenizer.save_pretrained(fresh)
+      if os.path.isdir(self.tokenizer_path) and not os.path.islink(self.tokenizer_path):
+        shutil.rmtree(self.tokenizer_path)  # an unreadable entry, replaced
+      os.rename(fresh, self.tokenizer_path)
+    except OSError as e:
+      if fresh is not None:
+        shutil.rmtree(fresh, ignore_errors=True)
+      log.warning("could not cache the tokenizer in %s (%s); the next load reads it from the checkpoint again",
+                  self.tokenizer_path, e)
 
 
 def load_model(spec: str, *, dtype=None, cache_dir: str | None = "", sharding_for=None,
@@ -271,8 +337,11 @@ def load_model(spec: str, *, dtype=None, cache_dir: str | None = "", sharding_fo
   if kind == "hub":
     path = _hub_directory(path)
     kind = "hf_dir"
-  if cache_dir == "":
+  if cache_dir:
+    _check_cache_dir(cache_dir, f"--cache_dir={cache_dir}")
+  elif cache_dir == "":
     cache_dir = default_cache_dir()
+    _check_cache_dir(cache_dir, f"the cache directory {cache_dir} ($JAXLOC_CACHE, else ~/.cache/jaxloc)")
   if cache_dir and jax.distributed.is_initialized():
     # In a multi-process run orbax checkpoints are collective (every process restores or saves together), which
     # hosts with different cache contents cannot promise, and processes sharing a disk would race on it: every

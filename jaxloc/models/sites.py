@@ -34,7 +34,7 @@ import dataclasses
 import fnmatch
 import math
 import re
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -134,10 +134,10 @@ class Edit:
     the second step of path patching, without a copy per layer."""
 
   site: str
-  keep: Array | None = None
-  where: Array | None = None
-  fill: Array | None = None
-  add: Array | None = None
+  keep: Any = None  # jax or numpy arrays (the API builds them on the host), as the docstring lays them out
+  where: Any = None
+  fill: Any = None
+  add: Any = None
   layer: int | None = None
 
   @property

@@ -25,9 +25,9 @@ def load_hf_model(spec: str, dtype: str = "float32"):
   torch_dtype = getattr(torch, dtype)
   if kind == "gguf":
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                 dtype=torch_dtype)
-  else:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+                                                 dtype=torch_dtype, trust_remote_code=False)
+  else:  # a checkpoint's own code (auto_map) is never run, nor asked about
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=False)
   return model.eval()
 
 

@@ -13,12 +13,14 @@ One JSON object per line, every line the same shape:
 An optional `"id"` (string or integer, unique) names the sample. Blank lines are skipped. Any
 other problem — bad JSON, a missing, unknown or mistyped field, a label out of range, mixed
 shapes, duplicate ids, an empty file — is a UserError with the file path and the 1-based line
-number. Nothing is silently dropped.
+number. Nothing is silently dropped. Lines without an id that repeat an earlier line exactly are
+kept, each a document of its own, with one warning that counts them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ from jaxloc.errors import UserError
 from jaxloc.tasks import data
 from jaxloc.tasks.base import Doc, Task
 from jaxloc.tasks.loglikelihood import MultipleChoiceTask, TargetTask
+
+log = logging.getLogger(__name__)
 
 _TARGET_KEYS = {"prompt", "target"}
 _CHOICE_KEYS = {"prompt", "choices", "label"}
@@ -81,6 +85,8 @@ def read_custom_file(path: str | os.PathLike) -> tuple[str, list[Doc]]:
   file_shape, first_line = None, None
   docs: list[Doc] = []
   seen_ids: dict[Any, int] = {}
+  seen_lines: dict[str, int] = {}  # a line without an id, as parsed -> the line it first appears on
+  repeats: list[tuple[int, int]] = []  # (line, the earlier line it repeats)
   for line_number, row in data.read_jsonl(path):
     where = f"{path}:{line_number}"
     shape, doc = _validate_line(row, where)
@@ -95,10 +101,18 @@ def read_custom_file(path: str | os.PathLike) -> tuple[str, list[Doc]]:
       seen_ids[doc["id"]] = line_number
     else:
       doc["id"] = f"line{line_number}"
+      content = json.dumps(row, sort_keys=True)
+      if content in seen_lines:
+        repeats.append((line_number, seen_lines[content]))
+      seen_lines.setdefault(content, line_number)
     docs.append(doc)
   if not docs:
     raise UserError(f"{path}: no samples (the file is empty); expected one object per line: "
                     f"{_SHAPES}")
+  if repeats:
+    log.warning("%s has %d line%s without an \"id\" repeating an earlier line exactly (the first, line %d, repeats "
+                "line %d): each counts as a document of its own; remove the repeats to count each once", path,
+                len(repeats), "" if len(repeats) == 1 else "s", *repeats[0])
   return file_shape, docs
 
 

@@ -101,6 +101,9 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     except json.JSONDecodeError as error:
       raise UserError(f"{path}:{line_number}: not valid JSON ({error.msg} at column "
                       f"{error.colno})") from None
+    except RecursionError:  # the parser recurses once per level: `[` * 100000 is no task line
+      raise UserError(f"{path}:{line_number}: not valid JSON for a task line (nested too deeply to "
+                      "read)") from None
 
 
 def _read_local(spec: DatasetSpec, path: Path) -> list[dict[str, Any]]:

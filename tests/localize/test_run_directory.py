@@ -5,6 +5,7 @@ hold; a full disk or a damaged file is one line that names the file, and leaves 
 import collections
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,3 +125,46 @@ def test_output_files_are_checked_before_the_work(tmp_path):
   (tmp_path / "file").write_text("")
   with pytest.raises(UserError, match=r"cannot be written \(a parent of it is a file\)"):
     files.check_writable(str(tmp_path / "file" / "result.json"), "--output_json")
+
+
+def test_a_symbolic_link_at_the_lock_is_refused_and_nothing_is_written_through_it(tmp_path):
+  run, victim = tmp_path / "run", tmp_path / "victim"
+  os.makedirs(run)
+  victim.write_text("data\n")
+  os.symlink(victim, run / files.LOCK_FILE)
+  with pytest.raises(UserError, match=rf"^{run / files.LOCK_FILE} is a symbolic link: jaxloc does not write through "
+                                      "links in a run directory; remove it$"):
+    with files.hold_run_directory(str(run)):
+      pass
+  assert victim.read_text() == "data\n" and os.path.islink(run / files.LOCK_FILE)
+  dangling = tmp_path / "nowhere" / "created"
+  os.makedirs(dangling.parent)
+  os.remove(run / files.LOCK_FILE)
+  os.symlink(dangling, run / files.LOCK_FILE)
+  with pytest.raises(UserError, match="is a symbolic link"):
+    with files.hold_run_directory(str(run)):
+      pass
+  assert not dangling.exists() and os.listdir(dangling.parent) == []
+
+
+def test_an_output_written_over_a_symbolic_link_replaces_the_link_not_its_target(tmp_path):
+  victim = tmp_path / "victim"
+  victim.write_text("data\n")
+  os.makedirs(tmp_path / "run")
+  os.symlink(victim, tmp_path / "run" / "heads.json")
+  files.write_json(str(tmp_path / "run" / "heads.json"), {"heads": []})
+  assert victim.read_text() == "data\n" and not os.path.islink(tmp_path / "run" / "heads.json")
+
+
+@pytest.mark.parametrize("spec", ["garbage", "between_tasks", "validation@0", "write:@1", "write:heads.json@1=explode",
+                                  "betwen_tasks@1", "write:heads.json@1,,"])
+def test_an_unknown_fault_is_refused_naming_the_valid_points(monkeypatch, spec):
+  monkeypatch.setenv(files.FAULT_ENV, spec)
+  with pytest.raises(UserError, match=rf"^JAXLOC_FAULT={spec}: .* is not <point>@<n>\[=<action>\]: the points are "
+                                      r"write:<file name>, between_tasks, validation; .*kill, enospc$"):
+    files.fault_point("validation")
+
+
+def test_the_runner_passes_the_fault_points_it_declares():
+  source = open(os.path.join(ROOT, "jaxloc", "localize", "localization.py")).read()
+  assert sorted(re.findall(r'fault_point\("(\w+)"\)', source)) == sorted(files.RUN_FAULT_POINTS)

@@ -2,6 +2,9 @@
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +15,7 @@ from jaxloc.errors import UserError
 from jaxloc.models import checkpoints
 from jaxloc.models.config import config_from_hf
 from jaxloc.engine.config import EngineConfig
-from jaxloc.models.loading import default_dtype, load_model, read_config, resolve, resolve_dtype
+from jaxloc.models.loading import ConversionCache, default_dtype, load_model, read_config, resolve, resolve_dtype
 
 
 def test_missing_path_is_a_clear_error(tmp_path):
@@ -202,3 +205,76 @@ def test_auto_dtypes_are_decided_in_one_place_each():
     resolve_dtype("float9")
   assert EngineConfig().activations_for("bfloat16") == "bfloat16"
   assert EngineConfig(activation_dtype="float32").activations_for("bfloat16") == "float32"
+
+
+_CUSTOM_CODE = """import pathlib
+pathlib.Path({marker!r}).write_text("ran")
+from transformers import PretrainedConfig, PreTrainedTokenizerFast
+class CustomConfig(PretrainedConfig):
+  model_type = "custom_llama"
+class CustomTokenizer(PreTrainedTokenizerFast):
+  pass
+"""
+
+
+def _with_custom_code(source, directory, marker, *, fits):
+  """A copy of the HF directory `source` whose tokenizer (and, unless a built-in tokenizer `fits`, config) name a
+  module of their own (`auto_map`) that writes `marker` when it is imported."""
+  shutil.copytree(source, directory)
+  (directory / "custom.py").write_text(_CUSTOM_CODE.format(marker=str(marker)))
+  for name, edit in (("tokenizer_config.json", {"auto_map": {"AutoTokenizer": [None, "custom.CustomTokenizer"]}}),
+                     ("config.json", {"auto_map": {"AutoConfig": "custom.CustomConfig"}})):
+    payload = json.loads((directory / name).read_text())
+    payload.update(edit)
+    if not fits:  # nothing transformers ships reads these: only the checkpoint's code would
+      payload.update({"tokenizer_class": "CustomTokenizer"} if name == "tokenizer_config.json"
+                     else {"model_type": "custom_llama"})
+    (directory / name).write_text(json.dumps(payload))
+  return directory
+
+
+def test_a_checkpoints_own_code_is_never_run_nor_asked_about(tiny_model_dir, tmp_path):
+  marker = tmp_path / "marker"
+  fits = _with_custom_code(tiny_model_dir, tmp_path / "fits", marker, fits=True)
+  needs_code = _with_custom_code(tiny_model_dir, tmp_path / "needs_code", marker, fits=False)
+  script = ("import sys\nfrom jaxloc.errors import UserError\nfrom jaxloc.models.loading import load_tokenizer\n"
+            "for directory in sys.argv[1:]:\n  try:\n    print(type(load_tokenizer('hf_dir', directory)).__name__)\n"
+            "  except UserError as e:\n    print(f'error: {e}')\n")
+  # A yes on stdin, as a user who answers transformers' prompt would give: it must never be read.
+  result = subprocess.run([sys.executable, "-c", script, str(fits), str(needs_code)], input="y\ny\ny\n",
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules")))
+  assert result.returncode == 0, result.stderr
+  assert not marker.exists() and "[y/N]" not in result.stdout + result.stderr
+  assert result.stdout.splitlines() == [
+      "TokenizersBackend",
+      f"error: {needs_code} needs its own code for its tokenizer (auto_map in tokenizer_config.json and config.json), "
+      "and jaxloc never runs a checkpoint's code: no built-in transformers tokenizer fits it; give a checkpoint whose "
+      "tokenizer_config.json names a transformers tokenizer_class"]
+  assert (f"{fits} names custom code (auto_map in tokenizer_config.json and config.json): jaxloc never runs a "
+          "checkpoint's code; it uses transformers' built-in TokenizersBackend") in result.stderr
+
+
+def test_a_cache_dir_that_is_a_file_is_one_line_before_the_checkpoint_is_read(tiny_model_dir, tmp_path):
+  (tmp_path / "cache").write_text("")
+  with pytest.raises(UserError, match=rf"^--cache_dir={tmp_path}/cache is a file, not a directory: give a directory "
+                                      r"\(it is created when missing\), or --cache_dir=none to cache nothing$"):
+    load_model(tiny_model_dir, cache_dir=str(tmp_path / "cache"))
+  with pytest.raises(UserError, match=rf"^--cache_dir={tmp_path}/cache/sub is below the file {tmp_path}/cache, not"):
+    load_model(tiny_model_dir, cache_dir=str(tmp_path / "cache" / "sub"))
+
+
+def test_the_conversion_cache_never_writes_through_a_link(tiny_model_dir, tmp_path):
+  cache = ConversionCache(str(tmp_path / "cache"), tiny_model_dir, jnp.float32)
+  os.makedirs(cache.root)
+  victim = json.dumps(read_config(tiny_model_dir).to_dict())  # a config it reads back, then writes over
+  (tmp_path / "victim.json").write_text(victim)
+  (tmp_path / "victim_params").mkdir()
+  (tmp_path / "victim_tokenizer").mkdir()
+  os.symlink(tmp_path / "victim.json", cache.config_path)
+  os.symlink(tmp_path / "victim_params", cache.params_path)
+  os.symlink(tmp_path / "victim_tokenizer", cache.tokenizer_path)
+  loaded = load_model(tiny_model_dir, cache_dir=str(tmp_path / "cache"), dtype=jnp.float32)
+  assert loaded.tokenizer is not None and loaded.config.num_layers == 3
+  assert (tmp_path / "victim.json").read_text() == victim and not os.path.islink(cache.config_path)
+  assert os.listdir(tmp_path / "victim_params") == [] and os.listdir(tmp_path / "victim_tokenizer") == []

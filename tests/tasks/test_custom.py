@@ -1,5 +1,7 @@
 """Custom JSONL tasks: both shapes, their metrics, and errors that carry file and line number."""
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -63,6 +65,7 @@ def test_multiple_choice_file(write_jsonl):
     (['{"prompt": "a", "target": " b", "id": 1}', '{"prompt": "c", "target": " d", "id": 1}'], 2,
      "id 1 already used on line 1"),
     (['{"prompt": "a", "target": " b", "id": [1]}'], 1, "\"id\" must be a string or an integer"),
+    (['{"prompt": "a", "target": " b"}', "[" * 100_000], 2, "not valid JSON for a task line \\(nested too deeply"),
 ])
 def test_bad_line_reports_file_and_line(write_jsonl, lines, bad_line, message):
   path = write_jsonl("bad.jsonl", lines)
@@ -92,3 +95,19 @@ def test_num_samples_subset_is_seeded(write_jsonl):
   first, again = task.load_docs(num_samples=10, seed=3), task.load_docs(num_samples=10, seed=3)
   assert first == again and len(first) == 10
   assert first != task.load_docs(num_samples=10, seed=4)
+
+
+def test_repeated_lines_without_ids_stay_documents_with_one_warning_that_counts_them(write_jsonl, caplog):
+  line = {"prompt": "The capital of France is", "target": " Paris"}
+  path = write_jsonl("repeats.jsonl", [line, {"prompt": "The capital of Italy is", "target": " Rome"}, line, line,
+                                       {**line, "id": "again"}])  # one with an id is a document the user named
+  with caplog.at_level(logging.WARNING, logger="jaxloc.tasks.custom"):
+    docs = registry.get_task(str(path)).load_docs()
+  assert [doc["id"] for doc in docs] == ["line1", "line2", "line3", "line4", "again"]
+  assert [record.getMessage() for record in caplog.records] == [
+      f'{path} has 2 lines without an "id" repeating an earlier line exactly (the first, line 3, repeats line 1): '
+      "each counts as a document of its own; remove the repeats to count each once"]
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="jaxloc.tasks.custom"):
+    registry.get_task(str(write_jsonl("distinct.jsonl", [line, {**line, "target": " Lyon"}])))
+  assert caplog.records == []
