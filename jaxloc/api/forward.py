@@ -34,8 +34,10 @@ Prompts = str | Sequence[str] | Sequence[Sequence[int]]
 CALL_BUDGET = 2 << 30
 # Prompt lengths round up to a multiple of this, so that prompts of similar lengths share one compiled shape.
 TOKEN_BUCKET = 8
-# Rows of a call resumed at a layer round up to a multiple of this (`Forward.run`).
-ROW_BUCKET = 16
+# Rows of a call resumed at a layer round up to a multiple of this, and a resumed call over one prompt computes a
+# multiple of RESUME_BUCKET tokens (`Forward.run`): few compiled shapes for a sweep.
+ROW_BUCKET = 8
+RESUME_BUCKET = 4
 
 
 @dataclasses.dataclass
@@ -239,19 +241,21 @@ def first_touched(masks: MaskSet, edits: Sequence[Edit], num_layers: int, seq: i
   return np.where(layers.any(axis=1), layers.argmax(axis=1), num_layers), tokens
 
 
-def later(array: Any, begin: int, layer: int | None, fill: bool = False) -> Any:
-  """An edit's array (`sites.Edit`) from token `begin` on: `where` [..., S], a per-token `fill` [(L,) P, S, U, Dv] or a
-  per-token `add` [rows, (L,) P, S, U, Dv] cut along its tokens axis; per-unit ones (and None) as they are."""
-  if array is None or begin == 0:
+def later(array: Any, begin: int, end: int, layer: int | None, fill: bool = False) -> Any:
+  """An edit's array (`sites.Edit`) on tokens [begin, end) only: `where` [..., S], a per-token `fill` [(L,) P, S, U,
+  Dv] or a per-token `add` [rows, (L,) P, S, U, Dv] cut along its tokens axis; per-unit ones (and None) as they are."""
+  if array is None:
     return array
   array = np.asarray(array)
   if fill:
     axis = 2 if layer is None else 1
-    return array[(slice(None),) * axis + (slice(begin, None),)] if array.ndim == axis + 3 else array
+    return array[(slice(None),) * axis + (slice(begin, end),)] if array.ndim == axis + 3 else array
   if array.dtype == bool:  # where
-    return array[..., begin:]
+    return array[..., begin:end]
+  if array.ndim <= 3:  # keep
+    return array
   axis = 3 if layer is None else 2
-  return array if array.shape[axis] == 1 else array[(slice(None),) * axis + (slice(begin, None),)]
+  return array if array.shape[axis] == 1 else array[(slice(None),) * axis + (slice(begin, end),)]
 
 
 class Forward:
@@ -270,8 +274,8 @@ class Forward:
     neuron_fill: [L, F] or [L, P, S, F]. edits: site edits with the same rows (`sites.Edit`, numpy arrays).
     resume: what a row cannot change is computed once, by an unablated run: the layers below the first it touches
     (rows start there from the residual stream entering it) and, for one prompt, the tokens before the first it
-    touches (bucketed down to TOKEN_BUCKET; rows then compute the later tokens only, attending to the earlier ones'
-    keys and values). Rows are grouped by both (`first_touched`); outputs are those of a full pass up to float
+    touches (rows then compute a multiple of RESUME_BUCKET tokens up to the prompt's end, attending to the earlier
+    ones' keys and values). Rows are grouped by both (`first_touched`); outputs are those of a full pass up to float
     rounding. Needs a readout of no sites."""
     model = self.model
     if masks.heads is None and masks.neurons is None and not edits:
@@ -288,7 +292,9 @@ class Forward:
       layers, tokens = first_touched(masks, edits, model.config.num_layers, batch.ids.shape[1])
       if len(batch.lengths) > 1:
         tokens[:] = 0  # each prompt's earlier tokens differ: no keys and values shared by a call's rows
-      tokens = np.minimum(tokens, int(batch.last.min())) // TOKEN_BUCKET * TOKEN_BUCKET  # the last token stays in
+      else:  # one prompt: a call computes a multiple of RESUME_BUCKET tokens up to its end (the last token stays in)
+        width = batch.width
+        tokens = np.maximum(0, width - -(-(width - np.minimum(tokens, width - 1)) // RESUME_BUCKET) * RESUME_BUCKET)
       keys = sorted({(int(a), int(b)) for a, b in zip(layers, tokens)})
       groups = [(a, b, np.flatnonzero((layers == a) & (tokens == b))) for a, b in keys]
       if any(layer > 0 or begin > 0 for layer, begin, _ in groups):
@@ -301,8 +307,9 @@ class Forward:
       # A group's calls take the budget's size, or the group's own rounded up to a multiple of ROW_BUCKET: a sweep's
       # equal groups share one compiled shape, and a small group is not padded to a large call.
       per_call = min(most, -(-len(members) // ROW_BUCKET) * ROW_BUCKET)
-      start, context = self._resume(base, layer, begin)
-      ids, last = jnp.asarray(batch.ids[:, begin:]), jnp.asarray(batch.last - begin)
+      end = batch.width if len(batch.lengths) == 1 and resume else batch.ids.shape[1]
+      start, context = self._resume(base, layer, begin, end)
+      ids, last = jnp.asarray(batch.ids[:, begin:end]), jnp.asarray(batch.last - begin)
       cols = None if columns is None else jnp.asarray(np.asarray(columns, np.int32))
       for offset in range(0, len(members), per_call):
         rows = members[offset:offset + per_call]
@@ -313,9 +320,11 @@ class Forward:
           return None if chosen is None else jnp.asarray(chosen)
 
         heads, neurons = put(masks.heads), put(masks.neurons)
-        chunk_edits = tuple(Edit(e.site, put(e.keep), put(later(e.where, begin, e.layer), False),
-                                 None if e.fill is None else jnp.asarray(later(e.fill, begin, e.layer, fill=True), dtype),
-                                 put(later(e.add, begin, e.layer), 0.0), e.layer) for e in edits)
+        chunk_edits = tuple(Edit(e.site, put(later(e.keep, begin, end, e.layer)),
+                                 put(later(e.where, begin, end, e.layer), False),
+                                 None if e.fill is None else
+                                 jnp.asarray(later(e.fill, begin, end, e.layer, fill=True), dtype),
+                                 put(later(e.add, begin, end, e.layer), 0.0), e.layer) for e in edits)
         if heads is None and neurons is None and not any(e.num_rows > 1 for e in chunk_edits):
           heads = jnp.ones((len(rows) + pad,) + masks_shape(model), dtype)  # the rows axis, for edits that broadcast
         ablation = Ablation(None if heads is None else heads.astype(dtype), fills[0] if heads is not None else None,
@@ -333,15 +342,16 @@ class Forward:
       result[name] = full
     return result
 
-  def _resume(self, base: dict[str, jax.Array], layer: int, begin: int) -> tuple[Resume | None, Context | None]:
-    """Where a group of rows starts: at `layer` from the unablated residual stream, and at token `begin` with the
-    earlier tokens' unablated keys and values as a context (`base`: the unablated run's residual stream, keys and
-    values, [L, P, S, ...])."""
+  def _resume(self, base: dict[str, jax.Array], layer: int, begin: int, end: int
+              ) -> tuple[Resume | None, Context | None]:
+    """Where a group of rows starts: at `layer` from the unablated residual stream, and at token `begin` (up to
+    `end`) with the earlier tokens' unablated keys and values as a context (`base`: the unablated run's residual
+    stream, keys and values, [L, P, S, ...])."""
     if layer == 0 and begin == 0:
       return None, None
     # A row touching nothing at all (layer L) runs the last layer alone: its outputs are the unablated run's.
     first = min(layer, self.model.config.num_layers - 1)
-    start = Resume(jnp.asarray(first, jnp.int32), base["residual"][first][None, :, begin:])
+    start = Resume(jnp.asarray(first, jnp.int32), base["residual"][first][None, :, begin:end])
     if begin == 0:
       return start, None
     k = base["k"][:, 0, :begin][:, None]  # [L, 1, C, K, Dh]: one prompt, shared by the call's rows

@@ -294,7 +294,8 @@ class Model:
 
   def patch_by_position(self, clean: Prompts, corrupted: Prompts, site: str = "z", *,
                         layers: Sequence[int] | None = None, positions: Sequence[int] | None = None,
-                        each_unit: bool = True, columns: Sequence[int] | None = None) -> Patching:
+                        each_unit: bool = True, columns: Sequence[int] | None = None,
+                        skip_unchanged: bool = True) -> Patching:
     """Activation patching of every (layer, position, unit) of `site` alone, clean into corrupted, in few compiled
     calls (TransformerLens' `get_act_patch_attn_head_out_by_pos` for `z`, `get_act_patch_resid_pre` for
     `resid_pre`).
@@ -305,12 +306,14 @@ class Model:
       layers, positions: the cells to patch (default all; negative positions from the end).
       each_unit: one cell per head (or KV head, neuron) of a site that has units; False patches them together.
       columns: keep only these vocabulary columns of the patched logits.
+      skip_unchanged: a cell whose clean value equals its corrupted one bit for bit (a token before the first that
+        differs) patches nothing; its logits are the corrupted run's without running it. False runs every cell.
 
     Returns:
       a `Patching` whose `grid` is {"layer", "position"[, "head"]}; `metric(LogitDiff(...))` lays a metric out so.
     """
     return patching.by_position(self, clean, corrupted, site, layers=layers, positions=positions,
-                                each_unit=each_unit, columns=columns)
+                                each_unit=each_unit, columns=columns, skip_unchanged=skip_unchanged)
 
   def path_patch(self, clean: Prompts, corrupted: Prompts, senders: Names, receivers: Names | None = None,
                  receiver_site: str = "q", *, columns: Sequence[int] | None = None) -> Patching:

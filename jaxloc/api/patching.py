@@ -81,8 +81,9 @@ def _unpatched(model: Model, clean: Any, corrupted: Any, columns: Sequence[int] 
 
 def by_position(model: Model, clean: Any, corrupted: Any, site: str = "z", *, layers: Sequence[int] | None = None,
                 positions: Sequence[int] | None = None, each_unit: bool = True,
-                columns: Sequence[int] | None = None) -> Patching:
-  """Every (layer, position[, unit]) cell of `site` patched alone from the clean run into the corrupted one."""
+                columns: Sequence[int] | None = None, skip_unchanged: bool = True) -> Patching:
+  """Every (layer, position[, unit]) cell of `site` patched alone from the clean run into the corrupted one; cells
+  whose clean value is the corrupted one patch nothing and are not run."""
   if site not in sites_lib.EDITABLE:
     raise UserError(f"site {site!r} cannot be patched; editable sites: {', '.join(sites_lib.EDITABLE)}")
   clean_batch, _ = paired(model, clean, corrupted)
@@ -96,13 +97,22 @@ def by_position(model: Model, clean: Any, corrupted: Any, site: str = "z", *, la
   has_units = sites_lib.SITES[site].units is not None and each_unit
   units: list[int | None] = list(range(iv.site_shape(c, site)[0])) if has_units else [None]
   source = model.run_with_cache(clean, names=[site])
+  clean_logits, corrupted_logits = _unpatched(model, clean, corrupted, columns)
+  # A cell whose clean value equals its corrupted value bit for bit (a token before the first that differs) patches
+  # nothing: its logits are the corrupted run's, and it is not run.
+  same = np.isclose(source.stacked(site), model.run_with_cache(corrupted, names=[site]).stacked(site), rtol=0, atol=0,
+                    equal_nan=True)  # [L, P, S, ...]
   rows = [iv.patch(site, layer, source, unit=u, positions=[p]) for layer in layers for p in positions for u in units]
-  logits = model.logits(corrupted, interventions=rows, last=True, columns=columns)
+  changes = [not (skip_unchanged and same[layer, :, p, ...][(Ellipsis,) if u is None else (slice(None), u)].all())
+             for layer in layers for p in positions for u in units]
+  logits = np.broadcast_to(corrupted_logits, (len(rows),) + corrupted_logits.shape).copy()
+  run = [r for r, change in zip(rows, changes) if change]
+  if run:
+    logits[np.flatnonzero(changes)] = model.logits(corrupted, interventions=run, last=True, columns=columns)
   grid = {"layer": layers, "position": positions}
   if has_units:
     grid[str(sites_lib.SITES[site].units).rstrip("s")] = [int(u) for u in units if u is not None]
   labels = [r.label() for r in rows]
-  clean_logits, corrupted_logits = _unpatched(model, clean, corrupted, columns)
   return Patching(logits, clean_logits, corrupted_logits, labels, None if columns is None else list(columns), grid)
 
 

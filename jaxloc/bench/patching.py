@@ -194,10 +194,6 @@ def format_report(report: dict[str, Any]) -> str:
   return format_patching(report["patching"]) + "\n" + format_many_masks(report["many_masks"])
 
 
-# A 20-token IOI pair on SmolLM2's tokenizer (the clean prompt repeats the subject; the corrupted one the indirect
-# object), for the sweep over every head at every position that TransformerLens and nnsight run one forward a patch.
-SWEEP_CLEAN = "Then, when Mary and John went to the store, John gave a drink to"
-SWEEP_CORRUPTED = "Then, when Mary and John went to the store, Mary gave a drink to"
 PARITY_SITES = ("embed", "resid_pre", "q", "k", "v", "scores", "pattern", "z", "head_out", "attn_out", "resid_mid",
                 "mlp_pre", "mlp_post", "mlp_out", "resid_post", "final", "logits")
 
@@ -216,27 +212,28 @@ def sweep(model: Model, config: SweepConfig, hf_model: Any = None) -> dict[str, 
   """
   from jaxloc.api.gradients import LogitDiff
 
-  clean_ids, corrupted_ids = (model.tokens(p)[0] for p in (SWEEP_CLEAN, SWEEP_CORRUPTED))
-  io, s = model.tokens(" Mary")[0][0], model.tokens(" John")[0][0]
+  (clean,), (corrupted,), ((io, s),) = ioi_pairs(model, 1, LONG_TEMPLATE)
+  clean_ids, corrupted_ids = (model.tokens(p)[0] for p in (clean, corrupted))
   metric = LogitDiff((io,), (s,))
   c = model.config
-  report: dict[str, Any] = {"model": model.loaded.name, "tokens": len(clean_ids), "prompts": [SWEEP_CLEAN,
-                                                                                            SWEEP_CORRUPTED]}
+  report: dict[str, Any] = {"model": model.loaded.name, "tokens": len(clean_ids), "prompts": [clean, corrupted]}
 
   def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     fn()  # compiles
     return best_time(fn, 1)
 
-  heads_seconds, heads = timed(lambda: model.patch_by_position(SWEEP_CLEAN, SWEEP_CORRUPTED, "z",
-                                                               columns=metric.columns))
+  heads_seconds, heads = timed(lambda: model.patch_by_position(clean, corrupted, "z", columns=metric.columns))
   exact, clean_value, corrupted_value = heads.metric(metric)  # [L, S, H]
-  resid_seconds, resid = timed(lambda: model.patch_by_position(SWEEP_CLEAN, SWEEP_CORRUPTED, "resid_pre",
-                                                               columns=metric.columns))
-  atp_seconds, (estimate, _) = timed(lambda: model.attribution_patch(SWEEP_CLEAN, SWEEP_CORRUPTED, metric))
-  cache_seconds, cache = timed(lambda: model.run_with_cache(SWEEP_CLEAN, names=["z", "pattern"]))
+  every_seconds, every = timed(lambda: model.patch_by_position(clean, corrupted, "z", columns=metric.columns,
+                                                               skip_unchanged=False))
+  resid_seconds, resid = timed(lambda: model.patch_by_position(clean, corrupted, "resid_pre", columns=metric.columns))
+  atp_seconds, (estimate, _) = timed(lambda: model.attribution_patch(clean, corrupted, metric))
+  cache_seconds, cache = timed(lambda: model.run_with_cache(clean, names=["z", "pattern"]))
   report["jaxloc"] = {
       "head_position_patches": int(exact.size), "head_position_seconds": heads_seconds,
       "seconds_per_patch": heads_seconds / exact.size,
+      "every_cell_run_seconds": every_seconds, "every_cell_run_seconds_per_patch": every_seconds / exact.size,
+      "skip_vs_every_cell_max_abs": float(np.abs(every.metric(metric)[0] - exact).max()),
       "resid_pre_patches": int(resid.logits.shape[0]), "resid_pre_seconds": resid_seconds,
       "atp_seconds": atp_seconds,
       "atp_vs_exact_correlation": float(np.corrcoef(estimate.ravel(), (exact - corrupted_value).ravel())[0, 1]),
@@ -251,7 +248,7 @@ def sweep(model: Model, config: SweepConfig, hf_model: Any = None) -> dict[str, 
   except ImportError as e:
     report["peers"] = f"not installed ({e}): pip install -e '.[peers]'"
     return report
-  layers = list(range(c.num_layers - config.peer_layers, c.num_layers))
+  layers = sorted({int(x) for x in np.linspace(0, c.num_layers - 1, config.peer_layers + 2)[1:-1].round()})
   tl_metric = peers.logit_difference(io, s)
   tl_heads, tl_seconds, tl_patches = peers.tl_head_position_patching(bridge, clean_ids, corrupted_ids, tl_metric,
                                                                      layers=layers)
@@ -259,10 +256,11 @@ def sweep(model: Model, config: SweepConfig, hf_model: Any = None) -> dict[str, 
                                                                              tl_metric, layers=layers)
   tl_atp, tl_atp_seconds = peers.tl_attribution_patching(bridge, clean_ids, corrupted_ids, tl_metric)
   nn_heads, nn_seconds, nn_patches = peers.nnsight_head_position_patching(
-      hf_model, clean_ids, corrupted_ids, (io, s), layers=layers, invokes_per_trace=config.nnsight_invokes)
+      hf_model, clean_ids, corrupted_ids, (io, s), layers=layers, invokes_per_trace=config.nnsight_invokes,
+      tokenizer=model.tokenizer)
   resid_exact = resid.metric(metric)[0]
   tl_sites, tl_full = peers.tl_cache(bridge, clean_ids)
-  ours = model.run_with_cache(SWEEP_CLEAN, names=list(PARITY_SITES))
+  ours = model.run_with_cache(clean, names=list(PARITY_SITES))
   parity = {}
   for site in PARITY_SITES:
     if site not in tl_sites:
@@ -290,6 +288,8 @@ def sweep(model: Model, config: SweepConfig, hf_model: Any = None) -> dict[str, 
                   "max_abs_vs_jaxloc": float(np.abs(nn_heads - exact[layers]).max())},
       "speedup_vs_transformer_lens": tl_seconds / tl_patches / per_patch,
       "speedup_vs_nnsight": nn_seconds / nn_patches / per_patch,
+      "speedup_vs_transformer_lens_every_cell_run": tl_seconds / tl_patches / (every_seconds / exact.size),
+      "speedup_vs_nnsight_every_cell_run": nn_seconds / nn_patches / (every_seconds / exact.size),
       "cache_parity_max_abs": parity}
   return report
 
@@ -300,7 +300,10 @@ def format_sweep(r: dict[str, Any]) -> str:
   lines = [f"every head x position of a {r['tokens']}-token IOI pair ({j['head_position_patches']} patches), "
            f"{r['model']}:",
            f"  jaxloc patch_by_position: {j['head_position_seconds']:.2f} s ({j['seconds_per_patch'] * 1e3:.2f} ms a "
-           f"patch); resid_pre x position ({j['resid_pre_patches']} patches) {j['resid_pre_seconds']:.2f} s",
+           f"patch; cells equal in both runs not run); every cell run: {j['every_cell_run_seconds']:.2f} s "
+           f"({j['every_cell_run_seconds_per_patch'] * 1e3:.2f} ms a patch, max |diff| "
+           f"{j['skip_vs_every_cell_max_abs']:.1e}); resid_pre x position ({j['resid_pre_patches']} patches) "
+           f"{j['resid_pre_seconds']:.2f} s",
            f"  jaxloc attribution patching: {j['atp_seconds']:.2f} s; correlation with the exact patches "
            f"{j['atp_vs_exact_correlation']:.4f}",
            f"  jaxloc run_with_cache(names=['z', 'pattern']): {j['cache_entries']} entries, {j['cache_mib']:.2f} MiB"]
@@ -311,9 +314,11 @@ def format_sweep(r: dict[str, Any]) -> str:
     t, n = p["transformer_lens"], p["nnsight"]
     lines += [f"  TransformerLens get_act_patch_attn_head_out_by_pos, layers {p['layers']}: {t['seconds_per_patch']:.3f} "
               f"s a patch (all {j['head_position_patches']}: {t['projected_all_seconds']:.0f} s projected); "
-              f"jaxloc {p['speedup_vs_transformer_lens']:.0f}x; max |diff| vs jaxloc {t['max_abs_vs_jaxloc']:.1e}",
+              f"jaxloc {p['speedup_vs_transformer_lens']:.0f}x ({p['speedup_vs_transformer_lens_every_cell_run']:.0f}x "
+              f"running every cell); max |diff| vs jaxloc {t['max_abs_vs_jaxloc']:.1e}",
               f"  nnsight, {n['invokes_per_trace']} invokes a trace: {n['seconds_per_patch']:.3f} s a patch "
-              f"(all: {n['projected_all_seconds']:.0f} s projected); jaxloc {p['speedup_vs_nnsight']:.0f}x; max |diff| "
+              f"(all: {n['projected_all_seconds']:.0f} s projected); jaxloc {p['speedup_vs_nnsight']:.0f}x "
+              f"({p['speedup_vs_nnsight_every_cell_run']:.0f}x running every cell); max |diff| "
               f"vs jaxloc {n['max_abs_vs_jaxloc']:.1e}",
               f"  TransformerLens resid_pre: {t['resid_pre_seconds_per_patch']:.3f} s a patch, max |diff| "
               f"{t['resid_pre_max_abs_vs_jaxloc']:.1e}; AtP {t['atp_seconds']:.2f} s, max |diff| vs jaxloc "

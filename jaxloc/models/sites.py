@@ -91,7 +91,10 @@ def resolve_names(names: Filter, num_layers: int) -> dict[str, tuple[int, ...] |
   if names is None:
     return {name: None for name in SITES}
   if callable(names):
-    return {name: None for name in SITES if names(name)}
+    chosen_by = {name: None for name in SITES if names(name)}
+    if not chosen_by:
+      raise ValueError(f"the names filter {names!r} matches no site: sites are {', '.join(SITES)}")
+    return chosen_by
   patterns = [names] if isinstance(names, str) else list(names)
   if not patterns:
     raise ValueError("an empty names filter asks for nothing; give site names such as 'z' or 'resid_pre'")

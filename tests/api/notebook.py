@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import sys
 
@@ -59,5 +60,7 @@ if __name__ == "__main__":
   path = sys.argv[1]
   with open(path, encoding="utf-8") as f:
     page = f.read()
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(with_outputs(page, run(page)))
+  written = with_outputs(page, run(page))  # run first: a failed or killed run leaves the page as it was
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write(written)
+  os.replace(path + ".tmp", path)

@@ -15,7 +15,7 @@ from tests.api.test_model import TOLERANCE, _torch_run, gap
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.heavy  # compiles the tiny model a few dozen times (about a minute on 2 busy cores)
+pytestmark = pytest.mark.heavy  # compiles the tiny model a few dozen times (2-3 minutes on 2 busy cores)
 
 PROMPTS = ["The plural of mouse is", "When Mary and John went to the store, John gave a drink to"]  # 5 and 14 tokens
 # Pairs of one token length (11 each): the clean run names the indirect object, the corrupted one repeats it.
@@ -376,8 +376,8 @@ def test_patch_by_position_matches_a_hook_loop_and_a_pass_of_every_layer(model, 
   assert resid.grid == {"layer": layers, "position": [1, 7, 10]}
   with torch.no_grad():
     clean_hidden = torch_model(clean_ids, output_hidden_states=True).hidden_states
-  reference = [_hooked(torch_model, corrupted_ids, [(blocks[layer], _input(_from(clean_hidden[layer], position)))])[:, -1]
-               for layer in layers for position in (1, 7, 10)]
+  reference = [_hooked(torch_model, corrupted_ids, [(blocks[layer], _input(_from(clean_hidden[layer], position)))])
+               [:, -1] for layer in layers for position in (1, 7, 10)]
   assert gap(resid.logits, np.stack(reference)) < TOLERANCE
   assert np.abs(resid.logits - resid.corrupted).max() > 1e-2
 
@@ -431,8 +431,8 @@ def test_attribution_patching_is_the_linearization_of_exact_patching(model):
   towards = [dataclasses.replace(caches[1], values={"z": caches[1]["z"] + t * (caches[0]["z"] - caches[1]["z"])})
              for t in (eps, -eps)]
   cells = list(zip(*np.unravel_index(np.argsort(-np.abs(estimate).ravel())[:4], estimate.shape)))
-  rows = [iv.patch("z", int(layer), source, unit=int(head), positions=[int(position)]) for layer, position, head in cells
-          for source in towards]
+  rows = [iv.patch("z", int(layer), source, unit=int(head), positions=[int(position)])
+          for layer, position, head in cells for source in towards]
   metrics = metric(model.logits(CORRUPTED, interventions=rows, last=True)).reshape(len(cells), 2)
   derivative = (metrics[:, 0] - metrics[:, 1]) / (2 * eps)
   largest = np.array([estimate[cell] for cell in cells])
@@ -469,8 +469,8 @@ def test_gradients_match_a_finite_difference_of_an_add(model):
         where[p, n + position] = True
     predicted = float((gradient[where] @ direction).sum())
     eps = 1e-2 * float(np.nanstd(cache[site]))
-    step = lambda sign: sign * eps * direction if site != "mlp_post" else float(sign * eps * direction[0])  # noqa
-    rows = [iv.add(site, layer, step(1), unit, positions), iv.add(site, layer, step(-1), unit, positions)]
+    steps = [sign * eps * direction for sign in (1, -1)]  # a neuron's add is one number
+    rows = [iv.add(site, layer, float(step[0]) if site == "mlp_post" else step, unit, positions) for step in steps]
     plus, minus = metric(model.logits(MIXED, interventions=rows, last=True))
     difference = (plus - minus) / (2 * eps)
     assert abs(difference - predicted) <= 1e-2 * max(abs(predicted), 1e-2), (site, difference, predicted)

@@ -27,3 +27,18 @@ def test_patching_benchmark_agrees_with_the_hook_loop(tiny_model_dir, tokenizer)
   assert report["many_masks"]["max_abs_score_difference"] < 1e-3
   assert report["many_masks"]["exact_scores_identical"] and report["many_masks"]["exact_masks"] == 3
   assert "PyTorch hook loop" in patching.format_report(report)
+
+
+@pytest.mark.heavy  # every head at every position of a 20-token pair on the tiny model, twice, and the residual stream
+def test_sweep_patches_every_head_at_every_position_and_skips_only_cells_that_patch_nothing(tiny_model_dir, tokenizer):
+  torch_model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+  model = jaxloc.from_hf(torch_model, tokenizer=tokenizer)
+  report = patching.sweep(model, patching.SweepConfig())  # no peers: jaxloc's side only
+  j = report["jaxloc"]
+  c = model.config
+  assert j["head_position_patches"] == c.num_layers * report["tokens"] * c.num_heads
+  assert j["resid_pre_patches"] == c.num_layers * report["tokens"]
+  assert j["skip_vs_every_cell_max_abs"] < 1e-4  # skipping unchanged cells changes no result
+  assert -1 <= j["atp_vs_exact_correlation"] <= 1 and j["cache_entries"] == 2
+  assert j["clean_metric"] != j["corrupted_metric"] and "peers" not in report
+  assert "every head x position" in patching.format_sweep(report)
