@@ -38,6 +38,8 @@ TOKEN_BUCKET = 8
 # multiple of RESUME_BUCKET tokens (`Forward.run`): few compiled shapes for a sweep.
 ROW_BUCKET = 8
 RESUME_BUCKET = 4
+# Rows a call of a resumed run holds at least, gathered over consecutive first layers (`bands`).
+BAND_ROWS = 64
 
 
 @dataclasses.dataclass
@@ -235,10 +237,31 @@ def first_touched(masks: MaskSet, edits: Sequence[Edit], num_layers: int, seq: i
       layers[:, edit.layer] |= where.any(axis=-1)
     else:
       layers |= where.any(axis=-1)
-    touched = where.reshape(where.shape[0], -1, seq).any(axis=1)  # [rows, S]
+    touched = np.asarray(where).reshape(where.shape[0], -1, seq).any(axis=1)  # [rows, S]
     first = np.where(touched.any(axis=1), touched.argmax(axis=1), seq)
     tokens = np.minimum(tokens, first)
   return np.where(layers.any(axis=1), layers.argmax(axis=1), num_layers), tokens
+
+
+def bands(layers: np.ndarray, tokens: np.ndarray, rows: int) -> list[tuple[np.ndarray, int, np.ndarray]]:
+  """The calls of a resumed run: rows with the same first token, in bands of consecutive first layers of at least
+  `rows` rows each (a band's last may hold fewer), as (each member's first layer, the first token, the members).
+
+  A call of a band starts at its lowest layer, each row entering the layers up to its own unablated: a band of
+  several layers computes a few layers more than the rows need, in calls large enough to run at the matmuls' speed."""
+  out = []
+  for begin in np.unique(tokens):
+    members = np.flatnonzero(tokens == begin)
+    members = members[np.argsort(layers[members], kind="stable")]
+    band: list[int] = []
+    for layer in np.unique(layers[members]):
+      band += members[layers[members] == layer].tolist()
+      if len(band) >= rows:
+        out.append((layers[band], int(begin), np.asarray(band)))
+        band = []
+    if band:
+      out.append((layers[band], int(begin), np.asarray(band)))
+  return out
 
 
 def later(array: Any, begin: int, end: int, layer: int | None, fill: bool = False) -> Any:
@@ -284,7 +307,7 @@ class Forward:
     most = call_size(model, batch, readout, num_rows)
     dtype = model.dtype
     fills = tuple(None if f is None else jnp.asarray(f, dtype) for f in (head_fill, neuron_fill))
-    groups: list[tuple[int, int, np.ndarray]] = [(0, 0, np.arange(num_rows))]
+    groups: list[tuple[np.ndarray, int, np.ndarray]] = [(np.zeros(num_rows, int), 0, np.arange(num_rows))]
     base: dict[str, jax.Array] = {}
     if resume:
       if readout.sites or readout.residuals:
@@ -295,20 +318,20 @@ class Forward:
       else:  # one prompt: a call computes a multiple of RESUME_BUCKET tokens up to its end (the last token stays in)
         width = batch.width
         tokens = np.maximum(0, width - -(-(width - np.minimum(tokens, width - 1)) // RESUME_BUCKET) * RESUME_BUCKET)
-      keys = sorted({(int(a), int(b)) for a, b in zip(layers, tokens)})
-      groups = [(a, b, np.flatnonzero((layers == a) & (tokens == b))) for a, b in keys]
-      if any(layer > 0 or begin > 0 for layer, begin, _ in groups):
+      layers = np.minimum(layers, model.config.num_layers - 1)  # a row touching nothing runs the last layer alone
+      groups = bands(layers, tokens, max(BAND_ROWS, 1) if most >= BAND_ROWS else most)
+      if any(starts.max() > 0 or begin > 0 for starts, begin, _ in groups):
         out = self._fn(model.params, jnp.asarray(batch.ids), jnp.asarray(batch.last),
                        Ablation(head_mask=jnp.ones((1,) + masks_shape(model), dtype)), None, None, None,
                        readout=Readout(last=True, residuals=True, kv=True), dtype=dtype)
         base = {name: out[name][0] for name in ("residual", "k", "v")}  # [L, P, S, ...]
     parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-    for layer, begin, members in groups:
+    for row_starts, begin, members in groups:
       # A group's calls take the budget's size, or the group's own rounded up to a multiple of ROW_BUCKET: a sweep's
       # equal groups share one compiled shape, and a small group is not padded to a large call.
       per_call = min(most, -(-len(members) // ROW_BUCKET) * ROW_BUCKET)
       end = batch.width if len(batch.lengths) == 1 and resume else batch.ids.shape[1]
-      start, context = self._resume(base, layer, begin, end)
+      start, context = self._resume(base, int(row_starts.min()), begin, end)
       ids, last = jnp.asarray(batch.ids[:, begin:end]), jnp.asarray(batch.last - begin)
       cols = None if columns is None else jnp.asarray(np.asarray(columns, np.int32))
       for offset in range(0, len(members), per_call):
@@ -320,6 +343,9 @@ class Forward:
           return None if chosen is None else jnp.asarray(chosen)
 
         heads, neurons = put(masks.heads), put(masks.neurons)
+        if start is not None:  # each row enters the layers up to its own first one unablated (`Resume.starts`)
+          own = np.concatenate([row_starts[offset:offset + per_call], np.full(pad, self.model.config.num_layers - 1)])
+          start = dataclasses.replace(start, starts=jnp.asarray(own, jnp.int32))
         chunk_edits = tuple(Edit(e.site, put(later(e.keep, begin, end, e.layer)),
                                  put(later(e.where, begin, end, e.layer), False),
                                  None if e.fill is None else
@@ -349,9 +375,8 @@ class Forward:
     stream, keys and values, [L, P, S, ...])."""
     if layer == 0 and begin == 0:
       return None, None
-    # A row touching nothing at all (layer L) runs the last layer alone: its outputs are the unablated run's.
-    first = min(layer, self.model.config.num_layers - 1)
-    start = Resume(jnp.asarray(first, jnp.int32), base["residual"][first][None, :, begin:end])
+    stream = base["residual"][:, :, begin:end]  # [L, P, S', D]
+    start = Resume(jnp.asarray(layer, jnp.int32), stream[layer][None], residuals=stream[:, None])
     if begin == 0:
       return start, None
     k = base["k"][:, 0, :begin][:, None]  # [L, 1, C, K, Dh]: one prompt, shared by the call's rows
