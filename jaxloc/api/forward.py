@@ -237,7 +237,7 @@ def first_touched(masks: MaskSet, edits: Sequence[Edit], num_layers: int, seq: i
       layers[:, edit.layer] |= where.any(axis=-1)
     else:
       layers |= where.any(axis=-1)
-    touched = np.asarray(where).reshape(where.shape[0], -1, seq).any(axis=1)  # [rows, S]
+    touched = np.asarray(np.asarray(where).reshape(where.shape[0], -1, seq).any(axis=1))  # [rows, S]
     first = np.where(touched.any(axis=1), touched.argmax(axis=1), seq)
     tokens = np.minimum(tokens, first)
   return np.where(layers.any(axis=1), layers.argmax(axis=1), num_layers), tokens

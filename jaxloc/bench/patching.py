@@ -261,7 +261,7 @@ def sweep(model: Model, config: SweepConfig, hf_model: Any = None) -> dict[str, 
   resid_exact = resid.metric(metric)[0]
   tl_sites, tl_full = peers.tl_cache(bridge, clean_ids)
   ours = model.run_with_cache(clean, names=list(PARITY_SITES))
-  parity = {}
+  parity, parity_relative = {}, {}
   for site in PARITY_SITES:
     if site not in tl_sites:
       continue
@@ -271,6 +271,7 @@ def sweep(model: Model, config: SweepConfig, hf_model: Any = None) -> dict[str, 
       seen = np.isfinite(mine)
       mine, theirs = np.where(seen, mine, 0.0), np.where(seen, theirs, 0.0)
     parity[site] = float(np.abs(mine - theirs).max())
+    parity_relative[site] = parity[site] / max(float(np.abs(theirs).max()), 1e-30)
   per_patch = heads_seconds / exact.size
   report["peers"] = {
       "layers": layers,
@@ -290,7 +291,7 @@ def sweep(model: Model, config: SweepConfig, hf_model: Any = None) -> dict[str, 
       "speedup_vs_nnsight": nn_seconds / nn_patches / per_patch,
       "speedup_vs_transformer_lens_every_cell_run": tl_seconds / tl_patches / (every_seconds / exact.size),
       "speedup_vs_nnsight_every_cell_run": nn_seconds / nn_patches / (every_seconds / exact.size),
-      "cache_parity_max_abs": parity}
+      "cache_parity_max_abs": parity, "cache_parity_relative_to_largest": parity_relative}
   return report
 
 

@@ -42,3 +42,20 @@ def test_sweep_patches_every_head_at_every_position_and_skips_only_cells_that_pa
   assert -1 <= j["atp_vs_exact_correlation"] <= 1 and j["cache_entries"] == 2
   assert j["clean_metric"] != j["corrupted_metric"] and "peers" not in report
   assert "every head x position" in patching.format_sweep(report)
+
+
+def test_performance_page_states_the_committed_sweep():
+  """docs/performance.md's sweep table says what docs/speed/benchmark_patching_sweep.json holds."""
+  import json
+  import os
+
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  with open(os.path.join(root, "docs", "speed", "benchmark_patching_sweep.json"), encoding="utf-8") as f:
+    sweep = json.load(f)["sweep"]
+  with open(os.path.join(root, "docs", "performance.md"), encoding="utf-8") as f:
+    page = f.read()
+  j, p = sweep["jaxloc"], sweep["peers"]
+  for figure in (f"{j['seconds_per_patch'] * 1e3:.2f} ms", f"{j['head_position_seconds']:.1f} s",
+                 f"**{p['speedup_vs_transformer_lens']:.0f}x**", f"**{p['speedup_vs_nnsight']:.0f}x**",
+                 f"{p['transformer_lens']['seconds_per_patch']:.3f} s", f"{p['nnsight']['seconds_per_patch']:.3f} s"):
+    assert figure in page, figure
