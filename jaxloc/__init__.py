@@ -45,7 +45,7 @@ _EXPORTS = {
     "Run": "jaxloc.api",
     "UserError": "jaxloc.errors",
   "Cache": "jaxloc.api.cache",
-  "LogitDiff": "jaxloc.api.gradients",
+  "LogitDiff": "jaxloc.models.metrics",
 }
 
 # jaxloc.masks: the mask builder; jaxloc.interventions: site edits as data (zero, mean, patch, add, scale)
@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
   from jaxloc import masks  # noqa: F401
   from jaxloc.api import interventions  # noqa: F401
   from jaxloc.api.cache import Cache  # noqa: F401
-  from jaxloc.api.gradients import LogitDiff  # noqa: F401
+  from jaxloc.models.metrics import LogitDiff  # noqa: F401
   from jaxloc.api import Model, Run, from_hf, load, read_run, run_localization  # noqa: F401
   from jaxloc.engine.config import EngineConfig  # noqa: F401
   from jaxloc.engine.engine import Engine  # noqa: F401

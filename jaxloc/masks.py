@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jaxloc.api import checks
+from jaxloc import checks
 from jaxloc.errors import UserError
 from jaxloc.units import UnitName, parse_units, unit_name
 from jaxloc.localize.designs import make_design

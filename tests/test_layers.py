@@ -16,7 +16,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 # Lower number = lower floor. Modules at the package root (config, errors, files, units, logs, masks, cli,
 # fixed_ablation)
 # sit where their imports put them; `configs` is the packaged flagfiles.
-FLOOR = {"config": 0, "configs": 0, "errors": 0, "files": 0, "units": 0, "logs": 0, "models": 1, "engine": 2,
+FLOOR = {"config": 0, "configs": 0, "errors": 0, "files": 0, "units": 0, "checks": 0, "logs": 0, "models": 1, "engine": 2,
          "sandbox": 3, "tasks": 3, "lasso": 3, "localize": 4, "fixed_ablation": 4, "masks": 4, "studies": 5, "bench": 5,
          "report": 6, "api": 7, "cli": 7, "main": 8}
 
@@ -36,6 +36,9 @@ LAZY = {
     "filelock": "optional: JAX's bounded compilation cache",
     "jax": "heavy: `files` and the sandbox stay importable without starting JAX",
     "jaxlib": "heavy: as jax",
+    "transformer_lens": "optional: the peers' side of the patching benchmark (the peers extra)",
+    "nnsight": "optional: as transformer_lens",
+    "pandas": "optional: TransformerLens' patching utilities take a DataFrame of cells",
 }
 
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxloc import checks
 from jaxloc.errors import UserError
 from jaxloc.masks import MaskSet
 from jaxloc.models import sites as sites_lib
@@ -63,10 +64,9 @@ class Batch:
 def tokenize(model: LoadedModel, prompts: Prompts, add_special_tokens: bool = True) -> tuple[Batch, list[list[int]]]:
   """The batch of `prompts` (strings, or token ids already) and each prompt's own ids.
 
-  Checked here, the one way in for logits, run_with_cache and patch (`jaxloc.api.checks`): at least one prompt;
+  Checked here, the one way in for logits, run_with_cache and patch (`jaxloc.checks`): at least one prompt;
   strings valid Unicode; every id an integer inside the vocabulary (negative ids, bools, floats and ids past
   vocab_size refused, naming the prompt and position); a prompt longer than max_position_embeddings warns."""
-  from jaxloc.api import checks  # here, not at the top: this function is the only part of the module edited for it
 
   try:
     items: list[Any] = [prompts] if isinstance(prompts, str) else list(prompts)
@@ -297,8 +297,8 @@ class Forward:
     neuron_fill: [L, F] or [L, P, S, F]. edits: site edits with the same rows (`sites.Edit`, numpy arrays).
     resume: what a row cannot change is computed once, by an unablated run: the layers below the first it touches
     (rows start there from the residual stream entering it) and, for one prompt, the tokens before the first it
-    touches (rows then compute a multiple of RESUME_BUCKET tokens up to the prompt's end, attending to the earlier
-    ones' keys and values). Rows are grouped by both (`first_touched`); outputs are those of a full pass up to float
+    touches, with a readout of the last tokens (rows then compute a multiple of RESUME_BUCKET tokens up to the
+    prompt's end, attending to the earlier ones' keys and values). Rows are grouped by both (`first_touched`); outputs are those of a full pass up to float
     rounding. Needs a readout of no sites."""
     model = self.model
     if masks.heads is None and masks.neurons is None and not edits:
@@ -312,9 +312,11 @@ class Forward:
     if resume:
       if readout.sites or readout.residuals:
         raise ValueError("a resumed call returns no sites: they need every layer")
+      if any(f is not None and f.ndim > 3 for f in (head_fill, neuron_fill)):
+        raise ValueError("per-token fills are site edits in a resumed call (`sites.Edit`), not mask fills")
       layers, tokens = first_touched(masks, edits, model.config.num_layers, batch.ids.shape[1])
-      if len(batch.lengths) > 1:
-        tokens[:] = 0  # each prompt's earlier tokens differ: no keys and values shared by a call's rows
+      if len(batch.lengths) > 1 or not readout.last:
+        tokens[:] = 0  # several prompts' earlier tokens differ; logits at every token need every token computed
       else:  # one prompt: a call computes a multiple of RESUME_BUCKET tokens up to its end (the last token stays in)
         width = batch.width
         tokens = np.maximum(0, width - -(-(width - np.minimum(tokens, width - 1)) // RESUME_BUCKET) * RESUME_BUCKET)

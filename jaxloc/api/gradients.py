@@ -1,5 +1,5 @@
 """Gradients of a metric of the last tokens' logits with respect to any site, in one forward and one backward pass
-(`Model.gradients`); the metrics patching reads (`LogitDiff`).
+(`Model.gradients`).
 
 The gradient with respect to a site is the gradient with respect to a zero added to it at every position (an `add`
 edit, `sites.Edit`), so it flows through everything the site feeds, as a hook's gradient in TransformerLens does.
@@ -22,36 +22,6 @@ from jaxloc.models import sites as sites_lib
 from jaxloc.models.decoder import Ablation, lm_logits
 from jaxloc.models.loading import LoadedModel
 from jaxloc.models.sites import Edit
-
-
-@dataclasses.dataclass(frozen=True)
-class LogitDiff:
-  """The mean over prompts of logit(correct) - logit(wrong) at each prompt's last token (IOI's logit difference).
-
-  correct, wrong: a token id per prompt. Called on logits [..., P, V] (numpy or jax), or on logits of some columns
-  [..., P, T] with `columns` (the token id of each column); returns [...]. Frozen, so a compiled gradient of it is
-  reused for equal metrics."""
-
-  correct: tuple[int, ...]
-  wrong: tuple[int, ...]
-
-  def __post_init__(self) -> None:
-    if len(self.correct) != len(self.wrong) or not self.correct:
-      raise UserError(f"LogitDiff takes a correct and a wrong token per prompt: {len(self.correct)} and "
-                      f"{len(self.wrong)}")
-
-  @property
-  def columns(self) -> list[int]:
-    """The token ids it reads, sorted: pass them as `columns=` to read only them."""
-    return sorted({*self.correct, *self.wrong})
-
-  def __call__(self, logits: Any, columns: Sequence[int] | None = None) -> Any:
-    xp = np if isinstance(logits, np.ndarray) else jnp
-    where = {t: i for i, t in enumerate(columns)} if columns is not None else None
-    pick = (lambda ids: list(ids)) if where is None else (lambda ids: [where[t] for t in ids])  # noqa: E731
-    rows = np.arange(len(self.correct))
-    diff = logits[..., rows, pick(self.correct)] - logits[..., rows, pick(self.wrong)]
-    return xp.mean(diff, axis=-1)
 
 
 def _metric_and_grads(module: Any, config: Any, params: Any, ids: jax.Array, last: jax.Array, ablation: Ablation,

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxloc.api.cache import Cache
 from jaxloc.errors import UserError
 from jaxloc.models import sites as sites_lib
 from jaxloc.models.config import ModelConfig
@@ -127,6 +128,8 @@ def _check(iv: Intervention, config: ModelConfig) -> None:
     raise UserError(f"site {iv.site!r} cannot be edited; editable sites: {', '.join(sites_lib.EDITABLE)}")
   if iv.op not in OPS:
     raise UserError(f"unknown operation {iv.op!r}; valid: {', '.join(OPS)}")
+  if iv.layer is not None and not np.atleast_1d(np.asarray(iv.layer, dtype=object)).size:
+    raise UserError("layer=[] selects no layer; give layers, or None for every layer")
   for layer in [] if iv.layer is None else np.atleast_1d(np.asarray(iv.layer, dtype=object)).tolist():
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < config.num_layers:
       raise UserError(f"layer {layer!r} is out of range: this model has layers 0-{config.num_layers - 1}")
@@ -136,15 +139,14 @@ def _check(iv: Intervention, config: ModelConfig) -> None:
       raise UserError(f"site {iv.site} has one vector per token: give unit=None")
     if isinstance(iv.unit, bool) or not isinstance(iv.unit, (int, np.integer)) or not 0 <= iv.unit < units:
       raise UserError(f"unit {iv.unit!r} is out of range for {iv.site}: 0-{units - 1}")
-  if iv.op == "scale" and not (isinstance(iv.value, (int, float, np.floating)) and np.isfinite(iv.value)):
+  if iv.op == "scale" and (isinstance(iv.value, bool) or not isinstance(iv.value, (int, float, np.integer, np.floating))
+                           or not np.isfinite(iv.value)):
     raise UserError(f"scale takes a finite factor, not {iv.value!r}")
 
 
 def _source(cache: Any, site: str, lengths: np.ndarray, op: str) -> np.ndarray:
   """The fill a patch or a mean reads from `cache`: [L, P, S, U, Dv] (patch) or [L, U, Dv] (mean), zeros where a
   prompt has no token."""
-  from jaxloc.api.cache import Cache  # the cache is built on this module's floor: imported where read
-
   if not isinstance(cache, Cache):
     raise UserError(f"{op} reads a jaxloc Cache (model.run_with_cache(..., names=[{site!r}])), not "
                     f"{type(cache).__name__}")
@@ -172,8 +174,9 @@ def compile_rows(rows: Sequence[Row], config: ModelConfig, lengths: np.ndarray, 
   """The decoder's edits (numpy arrays, rows leading) and a label per row for a batch of intervention rows over
   prompts of `lengths` padded to `seq` tokens.
 
-  Each intervention of a row takes its own edit slot (the k-th intervention of a row with the same site, operation
-  and source shares an edit with the k-th of other rows), so that its units and positions never mix with another's."""
+  Each intervention of a row takes its own edit (the k-th intervention of a row at a site shares one with the k-th
+  of other rows of the same operation and source), so that its units and positions never mix with another's, and
+  a row's interventions at one site apply in the row's order."""
   if isinstance(rows, Intervention):
     rows = [rows]
   batch: list[list[Intervention]] = [[r] if isinstance(r, Intervention) else list(r) for r in rows]
@@ -185,13 +188,14 @@ def compile_rows(rows: Sequence[Row], config: ModelConfig, lengths: np.ndarray, 
   for r, row in enumerate(batch):
     if not row:
       raise UserError(f"intervention row {r} is empty; give at least one intervention (or use masks=none)")
-    seen: dict[tuple, int] = {}
+    seen: dict[str, int] = {}
     for iv in row:
       _check(iv, config)
       source = id(iv.value) if iv.op in ("patch", "mean") else None
-      kind = (iv.site, iv.op, source)
-      key = kind + (seen.get(kind, 0),)
-      seen[kind] = seen.get(kind, 0) + 1
+      # The k-th intervention of a row at a site takes an edit of the k-th rank: edits apply rank by rank, so each
+      # row's interventions at one site apply in its own order, whatever the other rows hold.
+      key = (iv.site, seen.get(iv.site, 0), iv.op, source)
+      seen[iv.site] = seen.get(iv.site, 0) + 1
       units, width = site_shape(config, iv.site)
       slot = slots.get(key)
       if slot is None:
@@ -211,7 +215,10 @@ def compile_rows(rows: Sequence[Row], config: ModelConfig, lengths: np.ndarray, 
         if iv.op == "add":
           if slot["add"] is None:
             slot["add"] = np.zeros((num_rows, num_layers, 1, 1, units, width), np.float32)
-          vector = np.asarray(iv.value, np.float32).reshape(-1)
+          try:
+            vector = np.asarray(iv.value, np.float32).reshape(-1)
+          except (TypeError, ValueError):
+            raise UserError(f"add at {iv.site} takes a vector of numbers, not {type(iv.value).__name__}") from None
           if vector.size != width or not np.all(np.isfinite(vector)):
             raise UserError(f"add at {iv.site} takes a finite vector of {width} values, got {vector.size}"
                             + ("" if np.all(np.isfinite(vector)) else " with non-finite entries"))
@@ -220,7 +227,7 @@ def compile_rows(rows: Sequence[Row], config: ModelConfig, lengths: np.ndarray, 
           slot["keep"][r, layer, chosen] = float(iv.value) if iv.op == "scale" else 0.0
     labels.append(" + ".join(iv.label() for iv in row))
   edits = []
-  for (site, op, _, _), slot in slots.items():
+  for (site, _, op, _), slot in sorted(slots.items(), key=lambda item: item[0][1]):  # rank by rank, stable
     keep = None if op == "add" else slot["keep"]
     edits.append(Edit(site, keep, slot["where"], slot["fill"], slot["add"]))
   return tuple(edits), labels

@@ -28,7 +28,8 @@ import numpy as np
 from jaxloc import masks as masks_lib
 from jaxloc.api import interventions as interventions_lib
 from jaxloc.api.cache import Cache, blank_padding
-from jaxloc.api import checks, patching, readouts
+from jaxloc import checks
+from jaxloc.api import patching, readouts
 from jaxloc.api.forward import Batch, Forward, Prompts, Readout, tokenize
 from jaxloc.api.gradients import Gradients
 from jaxloc.api.patching import Patching
@@ -115,8 +116,9 @@ class Model:
       last: each prompt's last token only.
       top_k: the k likeliest tokens and their log-probabilities instead (`TopK`).
       columns: these vocabulary columns only (e.g. the answers' token ids).
-      interventions: rows of `jaxloc.interventions` (each one intervention or a list applied together), M of them,
-        all in one compiled call where memory allows; with masks, one mask for every row or one per row.
+      interventions: rows of `jaxloc.interventions` (each one intervention or a list applied together, in its
+        order), M of them, in few compiled calls (rows grouped by the first layer and token they touch); with masks,
+        one mask for every row or one per row.
 
     Returns:
       float32 [M, P, S, V] (S the longest prompt; a shorter prompt's positions past its end hold NaN, never a
@@ -256,15 +258,7 @@ class Model:
     form each set), the corrupted prompts run with those units' outputs replaced, at every position, by their
     outputs on the clean prompt of the same pair. Clean and corrupted prompts pair up by index and must have the
     same number of tokens. `columns`: return only these vocabulary columns (e.g. the answers' token ids)."""
-    clean_batch, clean_ids = tokenize(self.loaded, clean)
-    corrupted_batch, corrupted_ids = tokenize(self.loaded, corrupted)
-    if len(clean_ids) != len(corrupted_ids):
-      raise UserError(f"{len(clean_ids)} clean prompts but {len(corrupted_ids)} corrupted ones; pair them up")
-    unequal = [i for i, (a, b) in enumerate(zip(clean_ids, corrupted_ids)) if len(a) != len(b)]
-    if unequal:
-      i = unequal[0]
-      raise UserError(f"clean and corrupted prompts must have the same number of tokens to patch position by "
-                      f"position: pair {i} has {len(clean_ids[i])} and {len(corrupted_ids[i])} (pairs {unequal})")
+    clean_batch, corrupted_batch = patching.paired(self, clean, corrupted)
     if units is None:
       sets = masks_lib.single_heads(self)
     elif isinstance(units, MaskSet):
@@ -334,7 +328,7 @@ class Model:
     Args:
       prompts: the prompts.
       metric: a hashable function of logits [P, V] (each prompt's last token) returning a scalar, written with
-        jax.numpy (e.g. `jaxloc.api.gradients.LogitDiff`).
+        jax.numpy (e.g. `jaxloc.LogitDiff`).
       sites: editable sites (`jaxloc.models.sites.EDITABLE`).
       masks, heads, neurons: one mask to run under (default: the unablated model).
 

@@ -87,12 +87,21 @@ def by_position(model: Model, clean: Any, corrupted: Any, site: str = "z", *, la
   if site not in sites_lib.EDITABLE:
     raise UserError(f"site {site!r} cannot be patched; editable sites: {', '.join(sites_lib.EDITABLE)}")
   clean_batch, _ = paired(model, clean, corrupted)
+  c = model.config
+  width = clean_batch.width
+  bad_layers = [x for x in (layers or []) if isinstance(x, bool) or not isinstance(x, (int, np.integer))
+                or not 0 <= x < c.num_layers]
+  if bad_layers:
+    raise UserError(f"layers {bad_layers} are out of range: this model has layers 0-{c.num_layers - 1}")
+  bad_positions = [p for p in (positions or []) if isinstance(p, bool) or not isinstance(p, (int, np.integer))
+                   or not -width <= p < width]
+  if bad_positions:
+    raise UserError(f"positions {bad_positions} are outside these prompts of {width} tokens (0-{width - 1}, or "
+                    f"-{width} to -1 from the end)")
   if len(set(clean_batch.lengths.tolist())) != 1:
     raise UserError(f"patching by position needs prompts of one length (a position is the same token in every "
                     f"prompt); these have {sorted(set(clean_batch.lengths.tolist()))} tokens")
-  c = model.config
   layers = list(range(c.num_layers)) if layers is None else [int(x) for x in layers]
-  width = clean_batch.width
   positions = list(range(width)) if positions is None else [p + width if p < 0 else int(p) for p in positions]
   has_units = sites_lib.SITES[site].units is not None and each_unit
   units: list[int | None] = list(range(iv.site_shape(c, site)[0])) if has_units else [None]
@@ -161,13 +170,14 @@ def path(model: Model, clean: Any, corrupted: Any, senders: Any, receivers: Any 
   for layer in sorted({r[0] for r in receiver_units}):
     heads = [h for lr, h in receiver_units if lr == layer]
     units = heads if receiver_site == "q" else sorted({h // group for h in heads})
-    delta = np.nan_to_num(read[receiver_site, layer] - caches["corrupted"][receiver_site, layer][0][None])
-    pad = [(0, 0)] * delta.ndim
-    pad[2] = (0, batch.ids.shape[1] - delta.shape[2])
-    add = np.pad(delta.astype(np.float32), pad)  # [N, P, S, U, Dh], padded to the call's tokens
-    keep = np.zeros(add.shape[3], bool)
-    keep[units] = True
-    edits.append(Edit(receiver_site, add=add * keep[:, None], layer=layer))
+    value = np.nan_to_num(read[receiver_site, layer])  # [N, P, S, U, Dh]: what each sender's row read
+    pad = [(0, 0)] * value.ndim
+    pad[2] = (0, batch.ids.shape[1] - value.shape[2])
+    chosen = np.zeros(value.shape[3], bool)
+    chosen[units] = True
+    # Set, not added: a receiver in a higher layer takes what was read whatever the lower receivers changed.
+    add = np.pad(value.astype(np.float32), pad) * chosen[:, None]  # padded to the call's tokens
+    edits.append(Edit(receiver_site, keep=(~chosen).astype(np.float32)[None], add=add, layer=layer))
   unablated = model.masks()
   out = model._forward.run(batch, unablated[np.zeros(len(rows), int)], Readout(last=True, columns=columns is not None),
                            columns=columns, edits=tuple(edits), resume=True)

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxloc import checks
 from jaxloc.api.cache import Cache
 from jaxloc.errors import UserError
 from jaxloc.models.decoder import lm_logits
@@ -37,6 +38,8 @@ def logit_lens(model: LoadedModel, cache: Cache, site: str = "resid_post", colum
   the model's own logits."""
   if site not in ("resid_pre", "resid_mid", "resid_post"):
     raise UserError(f"the logit lens reads a residual stream (resid_pre, resid_mid, resid_post), not {site!r}")
+  if columns is not None:
+    columns = checks.check_columns(columns, model.config.vocab_size)
   stream = np.nan_to_num(cache[site])  # [M, L, P, S, D]
   logits = np.asarray(_lens(model.config, model.params, jnp.asarray(stream, jnp.float32)))
   if columns is not None:
@@ -66,7 +69,12 @@ def direct_logit_attribution(model: LoadedModel, cache: Cache, tokens: Sequence[
   missing = [s for s in ("embed", "attn_out", "mlp_out", "resid_post") if s not in cache]
   if missing:
     raise UserError(f"direct logit attribution reads {', '.join(missing)} too: run_with_cache(..., names=[...])")
-  tokens = [int(t) for t in tokens]
+  tokens = checks.token_id_list(tokens, c.vocab_size, "tokens")
+  every = tuple(range(c.num_layers))
+  partial = [s for s in ("attn_out", "mlp_out", "head_out") if s in cache and cache.layers[s] != every]
+  if partial:
+    raise UserError(f"direct logit attribution adds up every layer: the cache holds {', '.join(partial)} at some "
+                    f"layers only")
   if len(tokens) != len(cache.lengths):
     raise UserError(f"one token per prompt: {len(tokens)} tokens for {len(cache.lengths)} prompts")
   index = [int(position) + int(n) if position < 0 else int(position) for n in cache.lengths]

@@ -18,7 +18,9 @@ from typing import Any, Callable
 import numpy as np
 
 from jaxloc import masks as masks_lib
+from jaxloc.bench import peers
 from jaxloc.config import setting
+from jaxloc.models.metrics import LogitDiff
 
 # A `jaxloc.Model` (jaxloc/api, a floor above the benchmarks: `jaxloc.main.benchmark_patching` loads it).
 Model = Any
@@ -210,8 +212,6 @@ def sweep(model: Model, config: SweepConfig, hf_model: Any = None) -> dict[str, 
   residual stream, attribution patching and a filtered cache, with jaxloc; the same with TransformerLens and nnsight
   (`jaxloc.bench.peers`) when `hf_model` is given and they are installed. Times are warm (each call run once first).
   """
-  from jaxloc.api.gradients import LogitDiff
-
   (clean,), (corrupted,), ((io, s),) = ioi_pairs(model, 1, LONG_TEMPLATE)
   clean_ids, corrupted_ids = (model.tokens(p)[0] for p in (clean, corrupted))
   metric = LogitDiff((io,), (s,))
@@ -242,8 +242,6 @@ def sweep(model: Model, config: SweepConfig, hf_model: Any = None) -> dict[str, 
   if hf_model is None:
     return report
   try:
-    from jaxloc.bench import peers
-
     bridge = peers.tl_bridge(hf_model, model.tokenizer)
   except ImportError as e:
     report["peers"] = f"not installed ({e}): pip install -e '.[peers]'"

@@ -50,8 +50,8 @@ class ModelOutput:
   head_sums: [L, M, K, G, Dh] per-head attention outputs and neuron_sums: [L, M, F] neuron values summed over
   valid tokens (`OutputSpec.unit_sums`; divide by the token count for mean-ablation fill values).
   residual: [L, M, R, S, D] the residual stream entering each layer (`OutputSpec.residuals`).
-  sites: what `OutputSpec.sites` asks for (`sites.SITES`), per layer [L, M, R, S, ...] with heads split (K, G) (`pattern`,
-  `scores` [L, M, R, K, G, S, C + C' + S]); `embed` [M, R, S, D].
+  sites: what `OutputSpec.sites` asks for (`sites.SITES`), per layer [L, M, R, S, ...] with heads split (K, G) (`pattern`
+  [L, M, R, K, G, S, C + C' + S], `scores` of these tokens [.., S, S]); `embed` [M, R, S, D].
   """
 
   hidden: Array

@@ -1,4 +1,4 @@
-"""The Python API refuses bad inputs at its boundary (`jaxloc.api.checks`), on the tiny random Llama: each defect
+"""The Python API refuses bad inputs at its boundary (`jaxloc.checks`), on the tiny random Llama: each defect
 below once gave NaN logits, a silently wrapped token id, a raw KeyError / AttributeError / TypeError or an empty
 answer, and is now one `UserError` naming the bad value (or a warning, where the call can still run). Most checks
 refuse before anything compiles; the property tests drive the unit-name parser and the token-id checker with
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxloc
-from jaxloc.api import checks
+from jaxloc import checks
 from jaxloc.errors import UserError
 from jaxloc.units import parse_unit, parse_units
 

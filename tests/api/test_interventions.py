@@ -658,3 +658,53 @@ def test_a_callable_names_filter_matching_nothing_is_refused(model):
   # cache that fails later at the first read.
   with pytest.raises(UserError, match="no site"):
     model.run_with_cache(PROMPTS, names=lambda name: False)
+
+
+def test_a_row_applies_its_interventions_in_its_own_order_whatever_the_other_rows_hold(model):
+  vector = np.random.default_rng(5).normal(size=model.config.hidden_size).astype(np.float32)
+  scale_then = [iv.scale("resid_pre", 1, 2.0), iv.add("resid_pre", 1, vector)]
+  add_then = [iv.add("resid_pre", 1, vector), iv.scale("resid_pre", 1, 2.0)]
+  for rows in ([scale_then, add_then], [add_then, scale_then]):
+    together = model.logits(PROMPTS, interventions=rows, last=True)
+    alone = [model.logits(PROMPTS, interventions=[r], last=True)[0] for r in rows]
+    for ours, reference in zip(together, alone):
+      assert gap(ours, reference) < TOLERANCE
+  assert gap(model.logits(PROMPTS, interventions=[scale_then], last=True),
+             model.logits(PROMPTS, interventions=[add_then], last=True)) > 1e-3  # the order matters
+
+
+def test_logits_at_every_token_under_interventions_of_one_prompt_cover_every_token(model):
+  prompt = ["The plural of mouse is"]
+  rows = [iv.zero("z", 0, positions=[0]), iv.zero("z", 0, positions=[-1])]
+  every = model.logits(prompt, interventions=rows)
+  assert every.shape[:3] == (2, 1, 5)
+  lasts = model.logits(prompt, interventions=rows, last=True)
+  assert gap(every[:, 0, -1], lasts[:, 0]) < TOLERANCE
+  unablated = model.logits(prompt)
+  assert gap(every[1, 0, :-1], unablated[0, 0, :-1]) < TOLERANCE  # the last token's zero changes no earlier token
+
+
+def test_path_patching_sets_receivers_in_several_layers(model):
+  two = model.path_patch(CLEAN, CORRUPTED, "L0H1", receivers="L1H0,L2H0", receiver_site="v")
+  one = model.path_patch(CLEAN, CORRUPTED, "L0H1", receivers="L1H0", receiver_site="v")
+  assert two.logits.shape == one.logits.shape and np.isfinite(two.logits).all()
+
+
+def test_sweeps_and_readouts_refuse_out_of_range_cells_and_tokens(model):
+  with pytest.raises(UserError, match="positions \\[11\\] are outside"):
+    model.patch_by_position(CLEAN, CORRUPTED, positions=[11])
+  with pytest.raises(UserError, match="layers \\[-1\\] are out of range"):
+    model.patch_by_position(CLEAN, CORRUPTED, layers=[-1])
+  cache = model.run_with_cache(PROMPTS, names=["embed", "attn_out", "mlp_out", "resid_post"])
+  with pytest.raises(UserError, match="outside the vocabulary"):
+    model.direct_logit_attribution(cache, [-1, 3])
+  with pytest.raises(UserError, match="outside the vocabulary"):
+    model.logit_lens(cache, columns=[model.config.vocab_size])
+  partial = model.run_with_cache(PROMPTS, names=["embed", "blocks.0.hook_attn_out", "mlp_out", "resid_post"])
+  with pytest.raises(UserError, match="some layers only"):
+    model.direct_logit_attribution(partial, [3, 3])
+  with pytest.raises(UserError, match="selects no layer"):
+    model.logits(PROMPTS, interventions=[iv.zero("z", [])])
+  with pytest.raises(UserError, match="vector of numbers"):
+    model.logits(PROMPTS, interventions=[iv.add("resid_pre", 0, "up")])
+  assert model.logits(PROMPTS, interventions=[iv.scale("z", 0, np.int64(1))], last=True).shape[0] == 1
