@@ -10,7 +10,7 @@ import jaxloc
 from jaxloc import interventions as iv
 from jaxloc.errors import UserError
 from jaxloc.models import sites as sites_lib
-from tests.api.test_model import TOLERANCE, _torch_run, gap
+from tests.api.test_model import TOLERANCE, _torch_run, gap, model, torch_model  # noqa: F401  (fixtures)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -25,18 +25,6 @@ CORRUPTED = ["When Mary and John went out, Mary gave it to", "When Tom and Anna 
 MIXED_CLEAN = ["When Mary and John went out, John gave it to", "The plural of mouse is"]
 MIXED = ["When Mary and John went out, Mary gave it to", "The plural of house is"]
 REFERENCE = ["The cat sat on the", "When Tom and Anna went out, Tom gave it to"]  # a mean's prompts (5 and 11)
-
-
-@pytest.fixture(scope="module")
-def torch_model(tiny_model_dir):
-  return transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
-                                                           attn_implementation="eager").eval()
-
-
-@pytest.fixture(scope="module")
-def model(torch_model, tokenizer):
-  """Converted from the transformers model in memory (not from its directory)."""
-  return jaxloc.from_hf(torch_model, tokenizer=tokenizer)
 
 
 def _token(model, word: str) -> int:
